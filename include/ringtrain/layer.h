@@ -1,0 +1,45 @@
+// The Layer interface. A layer is a thin class over the math in ops.h: it declares the
+// parameters it needs, receives views of them (and of their gradients) in the model's two flat
+// buffers, and keeps whatever scratch its math needs between forward and backward.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ringtrain/context.h"
+#include "ringtrain/tensor.h"
+
+namespace ringtrain {
+
+enum class Init { kZeros, kGlorotUniform };
+
+struct ParamSpec {
+  std::string name;  // "weight", "bias"
+  Shape shape;
+  Init init;
+  int64_t fan_in = 0;   // used by Glorot: limit = sqrt(6 / (fan_in + fan_out))
+  int64_t fan_out = 0;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string name() const = 0;  // "dense(784->500)"
+  // The per-sample output shape for a per-sample input shape; throws on a mismatch.
+  virtual Shape output_shape(const Shape& input) const = 0;
+  virtual std::vector<ParamSpec> param_specs() const { return {}; }
+  // Views into the flat buffers, one per param_specs() entry, in the same order.
+  virtual void bind(std::span<Tensor> params, std::span<Tensor> grads) {
+    (void)params;
+    (void)grads;
+  }
+  // x: [B, ...input], y: [B, ...output] (resized by the layer as needed).
+  virtual void forward(const Tensor& x, Tensor& y, Context& ctx) = 0;
+  // Writes the parameter gradients, and dx when it is not null (the first layer gets null).
+  // A layer may turn *dx into a view (Flatten does) instead of writing into it.
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                        Context& ctx) = 0;
+};
+
+}  // namespace ringtrain

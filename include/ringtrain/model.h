@@ -1,0 +1,95 @@
+// Model: an ordered list of layers over two flat buffers, parameters and gradients.
+//
+// The flat layout is in *backward* order: the last layer's parameters come first. Backward
+// produces gradients from the last layer to the first, so the gradients that are ready form a
+// growing prefix [0, end) of the gradient buffer, and a fusion bucket is simply a contiguous
+// range of it: the ring can reduce it in place with no packing copy. After each layer's
+// backward the model reports the range it just finished through the grad-ready callback.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/layer.h"
+
+namespace ringtrain {
+
+// One parameter tensor's place in the flat buffers.
+struct ParamView {
+  std::string name;  // "2.dense(500->500).weight"
+  int layer = 0;
+  Shape shape;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+// The gradients [begin, end) of layer `layer` are final for this step.
+struct GradRange {
+  int layer = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+using GradReadyFn = std::function<void(const GradRange&)>;
+
+class Model {
+ public:
+  // input: the per-sample input shape, e.g. {28, 28, 1}.
+  explicit Model(const Shape& input);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  void add(std::unique_ptr<Layer> layer);
+  // Lays out the flat buffers and binds every layer's views; call once, after the last add().
+  void finalize();
+  // Glorot-uniform weights and zero biases from `seed` (the same bits on every machine).
+  void init_params(uint64_t seed);
+
+  // x: [B, ...input]. Returns the logits [B, classes]; valid until the next forward.
+  const Tensor& forward(const Tensor& x, Context& ctx);
+  // dlogits: [B, classes] for the batch of the last forward. Calls on_grad_ready (if set)
+  // after each layer that has parameters, in backward order.
+  void backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready = {});
+
+  Tensor& params() { return params_; }
+  const Tensor& params() const { return params_; }
+  Tensor& grads() { return grads_; }
+  const std::vector<ParamView>& param_views() const { return views_; }
+  int64_t num_params() const { return params_.numel(); }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  const Shape& input_shape() const { return input_; }
+  const Shape& output_shape() const { return output_; }
+  // One line per layer with its output shape and parameter count.
+  std::string summary() const;
+
+ private:
+  Shape input_;
+  Shape output_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::vector<ParamSpec>> specs_;  // per layer
+  std::vector<ParamView> views_;
+  std::vector<std::vector<Tensor>> param_tensors_;  // per layer, views into params_
+  std::vector<std::vector<Tensor>> grad_tensors_;   // per layer, views into grads_
+  std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer [begin, end)
+  Tensor params_;
+  Tensor grads_;
+  std::vector<Tensor> acts_;   // acts_[i] is layer i's input; acts_[L] the logits
+  std::vector<Tensor> dacts_;  // dacts_[i] is d loss / d acts_[i]
+  bool finalized_ = false;
+};
+
+// The models of the source documents, by name: "mlp" (784-hidden...-10, ReLU) and "cnn"
+// (conv3x3 1->8, ReLU, maxpool, conv3x3 8->16, ReLU, maxpool, dense 784->10).
+// `hidden` sets the MLP's hidden widths (default {500, 500}); it is rejected for "cnn".
+struct ModelSpec {
+  std::string name = "mlp";
+  std::vector<int64_t> hidden;  // empty: the model's default
+  int64_t height = 28;
+  int64_t width = 28;
+  int64_t classes = 10;
+};
+std::unique_ptr<Model> make_model(const ModelSpec& spec);
+
+}  // namespace ringtrain

@@ -1,0 +1,58 @@
+// The layer math as free functions over raw row-major arrays, one op family per file in
+// src/layers/. Each is a template instantiated for float (training) and double (the
+// finite-difference gradient checks in tests/), so the code that is checked is the code that
+// trains. Gradients are written, not accumulated: a backward call overwrites dw, db and dx.
+// Activations are NHWC, so a 3x3 convolution over a whole batch is one GEMM.
+#pragma once
+
+#include <cstdint>
+
+namespace ringtrain {
+
+// ---- Dense: y[B,out] = x[B,in] * w[in,out] + b[out] ----
+template <typename T>
+void dense_forward(const T* x, const T* w, const T* b, T* y, int64_t batch, int64_t in,
+                   int64_t out);
+// dw[in,out] = x^T dy; db[out] = column sums of dy; dx[B,in] = dy w^T (skipped when dx is null).
+template <typename T>
+void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, int64_t batch,
+                    int64_t in, int64_t out);
+
+// ---- ReLU, elementwise over n values ----
+template <typename T>
+void relu_forward(const T* x, T* y, int64_t n);
+// dx = dy where the output was positive, else 0.
+template <typename T>
+void relu_backward(const T* y, const T* dy, T* dx, int64_t n);
+
+// ---- Conv2D 3x3, stride 1, 'same' zero padding, with bias ----
+// x[B,H,W,Cin], w[3,3,Cin,Cout], b[Cout], y[B,H,W,Cout].
+// cols is scratch of B*H*W*9*Cin values (the im2col matrix, [B*H*W, 9*Cin]).
+template <typename T>
+void conv2d_forward(const T* x, const T* w, const T* b, T* y, T* cols, int64_t batch,
+                    int64_t height, int64_t width, int64_t cin, int64_t cout);
+// Expects cols to still hold forward's im2col of x. dcols is scratch of the same size,
+// used only when dx is wanted (dx null: the first layer, whose input needs no gradient).
+template <typename T>
+void conv2d_backward(const T* cols, const T* w, const T* dy, T* dw, T* db, T* dx, T* dcols,
+                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout);
+
+// ---- MaxPool2D 2x2, stride 2 (H and W even) ----
+// x[B,H,W,C] -> y[B,H/2,W/2,C].
+template <typename T>
+void maxpool2d_forward(const T* x, T* y, int64_t batch, int64_t height, int64_t width,
+                       int64_t channels);
+// The gradient goes to the first position (row-major within the window) holding the max.
+template <typename T>
+void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch,
+                        int64_t height, int64_t width, int64_t channels);
+
+// ---- Fused softmax cross-entropy over logits[B,classes] ----
+// Returns the mean loss over the batch; writes dlogits = (softmax - onehot) / B when dlogits
+// is not null, and the number of rows whose arg-max equals the label into *correct when not
+// null. Labels outside [0, classes) throw.
+template <typename T>
+double softmax_xent(const T* logits, const int32_t* labels, T* dlogits, int64_t batch,
+                    int64_t classes, int64_t* correct);
+
+}  // namespace ringtrain

@@ -1,0 +1,72 @@
+// Optimizers, learning-rate schedules and the weight EMA, all on flat buffers: one loop over
+// the whole parameter buffer per step, the same arithmetic in the same order on every rank,
+// so replicas that start equal and see the same averaged gradient stay bitwise equal.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ringtrain {
+
+struct OptimizerConfig {
+  std::string kind = "sgd";   // "sgd" or "adam"
+  float momentum = 0.0f;      // sgd: v = momentum * v + g; w -= lr * v   (PyTorch's form)
+  float weight_decay = 0.0f;  // both: g += weight_decay * w before the update (L2 penalty)
+  bool nesterov = false;      // sgd only
+  float beta1 = 0.9f;         // adam
+  float beta2 = 0.999f;       // adam
+  float epsilon = 1e-8f;      // adam
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  // One update of params from grads (same length as at construction) with learning rate lr.
+  virtual void step(std::span<float> params, std::span<const float> grads, float lr) = 0;
+  // The state buffers (momentum; Adam's m and v) for checkpoints, in a fixed order.
+  virtual std::vector<std::span<float>> state() = 0;
+  virtual int64_t steps_taken() const = 0;
+};
+
+// Throws ringtrain::Error for an unknown kind or an invalid setting (negative momentum,
+// beta outside [0,1), ...), naming the flag.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t num_params);
+
+struct LrSchedule {
+  std::string kind = "constant";  // "constant", "exponential", "linear-warmup"
+  float base_lr = 0.01f;
+  // exponential: lr = base_lr * decay_rate ^ (step / decay_steps), floor()ed when staircase.
+  float decay_rate = 0.99f;
+  double decay_steps = 60000.0 / 128.0;
+  bool staircase = false;
+  // linear-warmup (Goyal et al.): target = base_lr * global_batch / reference_batch; the rate
+  // grows linearly from base_lr at step 0 to target at warmup_steps, then stays at target.
+  int64_t warmup_steps = 0;
+  int64_t global_batch = 0;
+  int64_t reference_batch = 0;
+};
+// Throws for an unknown kind or invalid parameters, naming the flag.
+void validate(const LrSchedule& schedule);
+float learning_rate(const LrSchedule& schedule, int64_t step);
+
+// Exponential moving average of the weights (TensorFlow's ExponentialMovingAverage with
+// num_updates): decay_t = min(decay, (1 + t) / (10 + t)); shadow = decay_t * shadow +
+// (1 - decay_t) * params. The shadow starts as a copy of the parameters.
+class WeightEma {
+ public:
+  WeightEma(float decay, std::span<const float> params);
+  void update(std::span<const float> params);
+  std::span<const float> shadow() const { return shadow_; }
+  int64_t updates() const { return updates_; }
+
+ private:
+  float decay_;
+  int64_t updates_ = 0;
+  std::vector<float> shadow_;
+};
+
+}  // namespace ringtrain

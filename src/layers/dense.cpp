@@ -1,0 +1,99 @@
+// Dense (fully connected): y[B,out] = x[B,in] * w[in,out] + b[out], as one Eigen GEMM.
+// The bias is written first and the GEMM accumulates onto it, so the output is touched once.
+#include <fmt/format.h>
+
+#include "eigen_maps.h"
+#include "ringtrain/check.h"
+#include "ringtrain/layers.h"
+#include "ringtrain/ops.h"
+
+namespace ringtrain {
+
+using detail::ConstMatrixMap;
+using detail::ConstRowVectorMap;
+using detail::MatrixMap;
+using detail::RowVectorMap;
+
+template <typename T>
+void dense_forward(const T* x, const T* w, const T* b, T* y, int64_t batch, int64_t in,
+                   int64_t out) {
+  ConstMatrixMap<T> x_m(x, batch, in);
+  ConstMatrixMap<T> w_m(w, in, out);
+  MatrixMap<T> y_m(y, batch, out);
+  y_m.rowwise() = ConstRowVectorMap<T>(b, out);
+  y_m.noalias() += x_m * w_m;
+}
+
+template <typename T>
+void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, int64_t batch,
+                    int64_t in, int64_t out) {
+  ConstMatrixMap<T> x_m(x, batch, in);
+  ConstMatrixMap<T> dy_m(dy, batch, out);
+  MatrixMap<T>(dw, in, out).noalias() = x_m.transpose() * dy_m;
+  RowVectorMap<T>(db, out) = dy_m.colwise().sum();
+  if (dx != nullptr) {
+    MatrixMap<T>(dx, batch, in).noalias() = dy_m * ConstMatrixMap<T>(w, in, out).transpose();
+  }
+}
+
+template void dense_forward<float>(const float*, const float*, const float*, float*, int64_t,
+                                   int64_t, int64_t);
+template void dense_forward<double>(const double*, const double*, const double*, double*,
+                                    int64_t, int64_t, int64_t);
+template void dense_backward<float>(const float*, const float*, const float*, float*, float*,
+                                    float*, int64_t, int64_t, int64_t);
+template void dense_backward<double>(const double*, const double*, const double*, double*,
+                                     double*, double*, int64_t, int64_t, int64_t);
+
+namespace {
+
+class Dense final : public Layer {
+ public:
+  Dense(int64_t in, int64_t out) : in_(in), out_(out) {
+    RINGTRAIN_CHECK(in > 0 && out > 0, "dense layer needs positive sizes, got {}->{}", in, out);
+  }
+  std::string name() const override { return fmt::format("dense({}->{})", in_, out_); }
+  Shape output_shape(const Shape& input) const override {
+    RINGTRAIN_CHECK(input.numel() == in_, "{} got a sample of shape {} ({} values)", name(),
+                    input.str(), input.numel());
+    return Shape{out_};
+  }
+  std::vector<ParamSpec> param_specs() const override {
+    return {{"weight", Shape{in_, out_}, Init::kGlorotUniform, in_, out_},
+            {"bias", Shape{out_}, Init::kZeros, in_, out_}};
+  }
+  void bind(std::span<Tensor> params, std::span<Tensor> grads) override {
+    w_ = params[0];
+    b_ = params[1];
+    dw_ = grads[0];
+    db_ = grads[1];
+  }
+  void forward(const Tensor& x, Tensor& y, Context&) override {
+    const int64_t batch = x.dim(0);
+    y.resize(Shape{batch, out_});
+    dense_forward(x.data(), w_.data(), b_.data(), y.data(), batch, in_, out_);
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, Context&) override {
+    const int64_t batch = x.dim(0);
+    float* dx_data = nullptr;
+    if (dx != nullptr) {
+      dx->resize(x.shape());
+      dx_data = dx->data();
+    }
+    dense_backward(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), dx_data, batch, in_,
+                   out_);
+  }
+
+ private:
+  int64_t in_, out_;
+  Tensor w_, b_;    // w_ [in, out], b_ [out]: views into the flat parameter buffer
+  Tensor dw_, db_;  // the same shapes, views into the flat gradient buffer
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_dense(int64_t in, int64_t out) {
+  return std::make_unique<Dense>(in, out);
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,43 @@
+// ReLU: y = max(x, 0); the backward pass reads the saved output, not the input.
+#include "ringtrain/layers.h"
+#include "ringtrain/ops.h"
+
+namespace ringtrain {
+
+template <typename T>
+void relu_forward(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+}
+
+template <typename T>
+void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? dy[i] : T(0);
+}
+
+template void relu_forward<float>(const float*, float*, int64_t);
+template void relu_forward<double>(const double*, double*, int64_t);
+template void relu_backward<float>(const float*, const float*, float*, int64_t);
+template void relu_backward<double>(const double*, const double*, double*, int64_t);
+
+namespace {
+
+class Relu final : public Layer {
+ public:
+  std::string name() const override { return "relu"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+  void forward(const Tensor& x, Tensor& y, Context&) override {
+    y.resize(x.shape());
+    relu_forward(x.data(), y.data(), x.numel());
+  }
+  void backward(const Tensor&, const Tensor& y, const Tensor& dy, Tensor* dx, Context&) override {
+    if (dx == nullptr) return;
+    dx->resize(y.shape());
+    relu_backward(y.data(), dy.data(), dx->data(), y.numel());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
+
+}  // namespace ringtrain

@@ -1,0 +1,180 @@
+// Model: layers over two flat buffers laid out in backward order (see model.h).
+#include "ringtrain/model.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "ringtrain/check.h"
+#include "ringtrain/layers.h"
+
+namespace ringtrain {
+
+Model::Model(const Shape& input) : input_(input), output_(input) {}
+
+void Model::add(std::unique_ptr<Layer> layer) {
+  RINGTRAIN_CHECK(!finalized_, "cannot add {} after finalize()", layer->name());
+  output_ = layer->output_shape(output_);  // checks that the layer accepts its input
+  specs_.push_back(layer->param_specs());
+  layers_.push_back(std::move(layer));
+}
+
+void Model::finalize() {
+  RINGTRAIN_CHECK(!finalized_ && !layers_.empty(), "finalize() on an empty or finished model");
+  const int count = num_layers();
+  // Offsets from the last layer to the first: backward fills the gradient buffer front to back.
+  layer_ranges_.assign(static_cast<size_t>(count), {0, 0});
+  std::vector<std::vector<int64_t>> offsets(static_cast<size_t>(count));
+  int64_t total = 0;
+  for (int i = count - 1; i >= 0; --i) {
+    const auto& specs = specs_[static_cast<size_t>(i)];
+    layer_ranges_[static_cast<size_t>(i)].first = total;
+    for (const ParamSpec& spec : specs) {
+      offsets[static_cast<size_t>(i)].push_back(total);
+      views_.push_back(
+          {fmt::format("{}.{}.{}", i, layers_[static_cast<size_t>(i)]->name(), spec.name), i,
+           spec.shape, total, spec.shape.numel()});
+      total += spec.shape.numel();
+    }
+    layer_ranges_[static_cast<size_t>(i)].second = total;
+  }
+  params_ = Tensor(Shape{total});
+  grads_ = Tensor(Shape{total});
+  param_tensors_.resize(static_cast<size_t>(count));
+  grad_tensors_.resize(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    const auto& specs = specs_[static_cast<size_t>(i)];
+    auto& params = param_tensors_[static_cast<size_t>(i)];
+    auto& grads = grad_tensors_[static_cast<size_t>(i)];
+    for (size_t k = 0; k < specs.size(); ++k) {
+      const int64_t offset = offsets[static_cast<size_t>(i)][k];
+      params.push_back(Tensor::view(params_.data() + offset, specs[k].shape));
+      grads.push_back(Tensor::view(grads_.data() + offset, specs[k].shape));
+    }
+    layers_[static_cast<size_t>(i)]->bind(params, grads);
+  }
+  acts_.resize(static_cast<size_t>(count + 1));
+  dacts_.resize(static_cast<size_t>(count + 1));
+  finalized_ = true;
+}
+
+namespace {
+// splitmix64: a tiny generator whose output is fixed by its definition, so initial weights are
+// the same bits with any compiler or standard library.
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+void Model::init_params(uint64_t seed) {
+  RINGTRAIN_CHECK(finalized_, "init_params() before finalize()");
+  for (int i = 0; i < num_layers(); ++i) {
+    const auto& specs = specs_[static_cast<size_t>(i)];
+    for (size_t k = 0; k < specs.size(); ++k) {
+      Tensor& p = param_tensors_[static_cast<size_t>(i)][k];
+      const ParamSpec& spec = specs[k];
+      if (spec.init == Init::kZeros) {
+        p.fill(0.0f);
+        continue;
+      }
+      // One stream per parameter tensor, keyed by its place in the model, not in the buffer.
+      uint64_t state = seed ^ (0xD1B54A32D192ED03ULL * (static_cast<uint64_t>(i) * 16 + k + 1));
+      const double limit = std::sqrt(6.0 / static_cast<double>(spec.fan_in + spec.fan_out));
+      for (int64_t j = 0; j < p.numel(); ++j) {
+        const double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0,1)
+        p[j] = static_cast<float>((2.0 * unit - 1.0) * limit);
+      }
+    }
+  }
+}
+
+const Tensor& Model::forward(const Tensor& x, Context& ctx) {
+  RINGTRAIN_CHECK(finalized_, "forward() before finalize()");
+  RINGTRAIN_CHECK(x.rank() >= 2 && x.shape().without_leading().numel() == input_.numel(),
+                  "the model takes samples of shape {}, got a batch of shape {}", input_.str(),
+                  x.shape().str());
+  acts_[0] = x.reshaped(input_.with_leading(x.dim(0)));
+  for (int i = 0; i < num_layers(); ++i) {
+    layers_[static_cast<size_t>(i)]->forward(acts_[static_cast<size_t>(i)],
+                                             acts_[static_cast<size_t>(i + 1)], ctx);
+  }
+  return acts_.back();
+}
+
+void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready) {
+  RINGTRAIN_CHECK(dlogits.shape() == acts_.back().shape(),
+                  "backward() got dlogits {} for logits {}", dlogits.shape().str(),
+                  acts_.back().shape().str());
+  dacts_.back() = dlogits;
+  // The input gradient of layer i is needed only if a layer before it has parameters.
+  int first_with_params = num_layers();
+  for (int i = 0; i < num_layers(); ++i) {
+    if (layer_ranges_[static_cast<size_t>(i)].second >
+        layer_ranges_[static_cast<size_t>(i)].first) {
+      first_with_params = i;
+      break;
+    }
+  }
+  for (int i = num_layers() - 1; i >= first_with_params; --i) {
+    const auto index = static_cast<size_t>(i);
+    Tensor* dx = i > first_with_params ? &dacts_[index] : nullptr;
+    layers_[index]->backward(acts_[index], acts_[index + 1], dacts_[index + 1], dx, ctx);
+    const auto [begin, end] = layer_ranges_[index];
+    if (end > begin && on_grad_ready) on_grad_ready(GradRange{i, begin, end});
+  }
+}
+
+std::string Model::summary() const {
+  std::string text;
+  Shape shape = input_;
+  for (int i = 0; i < num_layers(); ++i) {
+    const auto index = static_cast<size_t>(i);
+    shape = layers_[index]->output_shape(shape);
+    const auto [begin, end] =
+        layer_ranges_.empty() ? std::pair<int64_t, int64_t>{0, 0} : layer_ranges_[index];
+    text += fmt::format("  {:2d} {:<20} -> {:<14} {:>9} params\n", i, layers_[index]->name(),
+                        shape.str(), end - begin);
+  }
+  text += fmt::format("  total {} parameters ({:.1f} MB as float32)", num_params(),
+                      static_cast<double>(num_params()) * 4.0 / 1e6);
+  return text;
+}
+
+std::unique_ptr<Model> make_model(const ModelSpec& spec) {
+  auto model = std::make_unique<Model>(Shape{spec.height, spec.width, 1});
+  if (spec.name == "mlp") {
+    std::vector<int64_t> hidden =
+        spec.hidden.empty() ? std::vector<int64_t>{500, 500} : spec.hidden;
+    model->add(make_flatten());
+    int64_t in = spec.height * spec.width;
+    for (int64_t width : hidden) {
+      RINGTRAIN_CHECK(width > 0, "--hidden widths must be positive, got {}", width);
+      model->add(make_dense(in, width));
+      model->add(make_relu());
+      in = width;
+    }
+    model->add(make_dense(in, spec.classes));
+  } else if (spec.name == "cnn") {
+    RINGTRAIN_CHECK(spec.hidden.empty(), "--hidden applies to --model mlp only");
+    RINGTRAIN_CHECK(spec.height % 4 == 0 && spec.width % 4 == 0,
+                    "--model cnn pools twice and needs image sides divisible by 4, got {}x{}",
+                    spec.height, spec.width);
+    model->add(make_conv2d(1, 8));
+    model->add(make_relu());
+    model->add(make_maxpool2d());
+    model->add(make_conv2d(8, 16));
+    model->add(make_relu());
+    model->add(make_maxpool2d());
+    model->add(make_flatten());
+    model->add(make_dense(spec.height / 4 * spec.width / 4 * 16, spec.classes));
+  } else {
+    RINGTRAIN_FAIL("--model '{}' is unknown: use mlp or cnn", spec.name);
+  }
+  model->finalize();
+  return model;
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,102 @@
+// The training step, evaluation and the parameter file (see train.h).
+#include "ringtrain/train.h"
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "ringtrain/check.h"
+#include "ringtrain/ops.h"
+
+namespace ringtrain {
+
+static_assert(std::endian::native == std::endian::little,
+              "the parameter file is little-endian; add byte swapping for big-endian hosts");
+
+StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
+                     StepWorkspace& workspace, Context& ctx, const GradReadyFn& on_grad_ready) {
+  const Tensor& logits = model.forward(batch.images, ctx);
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  workspace.dlogits.resize(logits.shape());
+  StepStats stats;
+  stats.samples = rows;
+  stats.loss = softmax_xent(logits.data(), batch.labels.data(), workspace.dlogits.data(), rows,
+                            classes, &stats.correct);
+  model.backward(workspace.dlogits, ctx, on_grad_ready);
+  Tensor& params = model.params();
+  const Tensor& grads = model.grads();
+  optimizer.step({params.data(), static_cast<size_t>(params.numel())},
+                 {grads.data(), static_cast<size_t>(grads.numel())}, lr);
+  return stats;
+}
+
+EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t end,
+                    int64_t batch_size, Batch& scratch, Context& ctx) {
+  RINGTRAIN_CHECK(0 <= begin && begin <= end && end <= data.count,
+                  "evaluation range [{}, {}) is outside the {} samples", begin, end, data.count);
+  RINGTRAIN_CHECK(batch_size > 0, "evaluation batch size must be positive");
+  EvalResult result;
+  std::vector<int64_t> indices;
+  for (int64_t start = begin; start < end; start += batch_size) {
+    const int64_t stop = std::min(end, start + batch_size);
+    indices.resize(static_cast<size_t>(stop - start));
+    std::iota(indices.begin(), indices.end(), start);
+    make_batch(data, indices, scratch.images, scratch.labels);
+    const Tensor& logits = model.forward(scratch.images, ctx);
+    int64_t correct = 0;
+    const double loss = softmax_xent<float>(logits.data(), scratch.labels.data(), nullptr,
+                                            logits.dim(0), logits.dim(1), &correct);
+    result.correct += correct;
+    result.samples += logits.dim(0);
+    result.loss_sum += loss * static_cast<double>(logits.dim(0));
+  }
+  return result;
+}
+
+namespace {
+constexpr char kParamsMagic[8] = {'R', 'T', 'P', 'A', 'R', 'A', 'M', 'S'};
+}
+
+void save_params(const std::string& path, std::span<const float> params) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    RINGTRAIN_CHECK(out.good(), "--save-params: cannot create {}: {}", tmp, std::strerror(errno));
+    const uint64_t count = params.size();
+    out.write(kParamsMagic, sizeof(kParamsMagic));
+    out.write(reinterpret_cast<const char*>(&count), sizeof(count));
+    out.write(reinterpret_cast<const char*>(params.data()),
+              static_cast<std::streamsize>(params.size_bytes()));
+    out.flush();
+    RINGTRAIN_CHECK(out.good(), "--save-params: writing {} failed (disk full?)", tmp);
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  RINGTRAIN_CHECK(!error, "--save-params: cannot rename {} to {}: {}", tmp, path, error.message());
+}
+
+std::vector<float> load_params(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RINGTRAIN_CHECK(in.good(), "cannot open parameter file {}: {}", path, std::strerror(errno));
+  char magic[8] = {};
+  uint64_t count = 0;
+  in.read(magic, sizeof(magic));
+  in.read(reinterpret_cast<char*>(&count), sizeof(count));
+  RINGTRAIN_CHECK(in.good() && std::memcmp(magic, kParamsMagic, sizeof(magic)) == 0,
+                  "{} is not a ringtrain parameter file (no RTPARAMS header)", path);
+  const auto size = std::filesystem::file_size(path);
+  RINGTRAIN_CHECK(size == 16 + count * sizeof(float),
+                  "{} claims {} parameters ({} bytes) but holds {} bytes", path, count,
+                  16 + count * sizeof(float), size);
+  std::vector<float> params(count);
+  in.read(reinterpret_cast<char*>(params.data()),
+          static_cast<std::streamsize>(count * sizeof(float)));
+  RINGTRAIN_CHECK(in.good(), "reading {} failed", path);
+  return params;
+}
+
+}  // namespace ringtrain
