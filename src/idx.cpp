@@ -186,7 +186,7 @@ void check_payload(const std::string& path, const char* what, uint64_t count, ui
                   path, count, what, claimed, held, kFetchHint);
   RINGTRAIN_CHECK(held == claimed,
                   "{} has trailing data: its header claims {} {} = {} bytes after the header, "
-                  "but the file holds {} ({} more); it is not a clean IDX file, {}",
+                  "but the file holds {} ({} more), so it is not a clean IDX file; {}",
                   path, count, what, claimed, held, held - claimed, kFetchHint);
 }
 

@@ -185,12 +185,12 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t
                   config.momentum);
   RINGTRAIN_CHECK(std::isfinite(config.weight_decay) && config.weight_decay >= 0.0f,
                   "--weight-decay must be finite and >= 0, got {}", config.weight_decay);
-  RINGTRAIN_CHECK(in_unit_interval(config.beta1), "--beta1 must be in [0, 1), got {}",
+  RINGTRAIN_CHECK(in_unit_interval(config.beta1), "--adam-beta1 must be in [0, 1), got {}",
                   config.beta1);
-  RINGTRAIN_CHECK(in_unit_interval(config.beta2), "--beta2 must be in [0, 1), got {}",
+  RINGTRAIN_CHECK(in_unit_interval(config.beta2), "--adam-beta2 must be in [0, 1), got {}",
                   config.beta2);
   RINGTRAIN_CHECK(std::isfinite(config.epsilon) && config.epsilon > 0.0f,
-                  "--epsilon must be finite and > 0, got {}", config.epsilon);
+                  "--adam-epsilon must be finite and > 0, got {}", config.epsilon);
   if (config.nesterov) {
     // Adam has no Nesterov form here; ignoring the flag silently would hide a typo'd command.
     RINGTRAIN_CHECK(config.kind == "sgd", "--nesterov applies to --optimizer sgd only, not {}",

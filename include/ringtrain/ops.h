@@ -27,15 +27,20 @@ void relu_backward(const T* y, const T* dy, T* dx, int64_t n);
 
 // ---- Conv2D 3x3, stride 1, 'same' zero padding, with bias ----
 // x[B,H,W,Cin], w[3,3,Cin,Cout], b[Cout], y[B,H,W,Cout].
-// cols is scratch of B*H*W*9*Cin values (the im2col matrix, [B*H*W, 9*Cin]).
+// Two implementations of the same math: direct loops with the channel counts fixed at compile
+// time for the small channel counts where GEMM is mostly packing overhead (1->8, 8->16: the
+// cnn model), and im2col + one GEMM over the whole batch for everything else. Only the im2col
+// path needs scratch: cols and dcols of B*H*W*9*Cin values each (pass null otherwise).
+bool conv2d_uses_im2col(int64_t cin, int64_t cout);
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, T* cols, int64_t batch,
                     int64_t height, int64_t width, int64_t cin, int64_t cout);
-// Expects cols to still hold forward's im2col of x. dcols is scratch of the same size,
-// used only when dx is wanted (dx null: the first layer, whose input needs no gradient).
+// The im2col path expects cols to still hold forward's im2col of x. dx null: the first layer,
+// whose input needs no gradient.
 template <typename T>
-void conv2d_backward(const T* cols, const T* w, const T* dy, T* dw, T* db, T* dx, T* dcols,
-                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout);
+void conv2d_backward(const T* x, const T* cols, const T* w, const T* dy, T* dw, T* db, T* dx,
+                     T* dcols, int64_t batch, int64_t height, int64_t width, int64_t cin,
+                     int64_t cout);
 
 // ---- MaxPool2D 2x2, stride 2 (H and W even) ----
 // x[B,H,W,C] -> y[B,H/2,W/2,C].

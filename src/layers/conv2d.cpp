@@ -7,7 +7,10 @@
 //   backward: dw           = cols^T * dy          (cols kept from forward)
 //             db           = column sums of dy
 //             dcols        = dy * w^T, and col2im adds each row back onto the pixels it came from
-// so each pass is one large GEMM, which is where Eigen is fast.
+// so each pass is one large GEMM, which is where Eigen is fast. For the small channel counts of
+// the cnn model (1->8, 8->16) the GEMMs are so skinny that Eigen spends its time packing, so
+// those use direct loops with the channel counts fixed at compile time: the per-pixel
+// accumulators then live in vector registers and nothing but x, w and y is touched.
 #include <algorithm>
 #include <cstring>
 
@@ -76,11 +79,143 @@ void col2im(const T* dcols, T* dx, int64_t batch, int64_t height, int64_t width,
   }
 }
 
+
+// ---- direct path: compile-time channel counts ----
+// The per-pixel accumulators are Eigen fixed-size arrays: Eigen turns each `acc += v * row`
+// into one or two SIMD multiply-adds, which GCC does not reliably do for plain loops here.
+
+template <typename T, int kN>
+using Lane = Eigen::Array<T, kN, 1>;
+template <typename T, int kN>
+using ConstLaneMap = Eigen::Map<const Lane<T, kN>>;
+template <typename T, int kN>
+using LaneMap = Eigen::Map<Lane<T, kN>>;
+
+// y[p, :] = b + sum over in-bounds taps t, ci of x[p + offset(t), ci] * w[t, ci, :].
+template <typename T, int kCin, int kCout>
+void direct_forward(const T* x, const T* w, const T* b, T* y, int64_t batch, int64_t height,
+                    int64_t width) {
+  const Lane<T, kCout> bias = ConstLaneMap<T, kCout>(b);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    const T* image = x + bi * height * width * kCin;
+    for (int64_t h = 0; h < height; ++h) {
+      for (int64_t c = 0; c < width; ++c) {
+        Lane<T, kCout> acc = bias;
+        for (int64_t kh = 0; kh < 3; ++kh) {
+          const int64_t ih = h + kh - 1;
+          if (ih < 0 || ih >= height) continue;
+          for (int64_t kw = 0; kw < 3; ++kw) {
+            const int64_t iw = c + kw - 1;
+            if (iw < 0 || iw >= width) continue;
+            const T* in = image + (ih * width + iw) * kCin;
+            const T* tap = w + (kh * 3 + kw) * kCin * kCout;
+            for (int ci = 0; ci < kCin; ++ci) acc += in[ci] * ConstLaneMap<T, kCout>(tap + ci * kCout);
+          }
+        }
+        LaneMap<T, kCout>(y + ((bi * height + h) * width + c) * kCout) = acc;
+      }
+    }
+  }
+}
+
+// dw[t, ci, :] = sum over pixels p of x[p + offset(t), ci] * dy[p, :]; db = sum of dy rows.
+template <typename T, int kCin, int kCout>
+void direct_backward_weights(const T* x, const T* dy, T* dw, T* db, int64_t batch,
+                             int64_t height, int64_t width) {
+  std::fill(dw, dw + kTaps * kCin * kCout, T(0));
+  Lane<T, kCout> grad_b = Lane<T, kCout>::Zero();
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    const T* image = x + bi * height * width * kCin;
+    for (int64_t h = 0; h < height; ++h) {
+      for (int64_t c = 0; c < width; ++c) {
+        const Lane<T, kCout> g = ConstLaneMap<T, kCout>(dy + ((bi * height + h) * width + c) * kCout);
+        grad_b += g;
+        for (int64_t kh = 0; kh < 3; ++kh) {
+          const int64_t ih = h + kh - 1;
+          if (ih < 0 || ih >= height) continue;
+          for (int64_t kw = 0; kw < 3; ++kw) {
+            const int64_t iw = c + kw - 1;
+            if (iw < 0 || iw >= width) continue;
+            const T* in = image + (ih * width + iw) * kCin;
+            T* tap = dw + (kh * 3 + kw) * kCin * kCout;
+            for (int ci = 0; ci < kCin; ++ci) LaneMap<T, kCout>(tap + ci * kCout) += in[ci] * g;
+          }
+        }
+      }
+    }
+  }
+  LaneMap<T, kCout> bias_grad(db);
+  bias_grad = grad_b;
+}
+
+// dx[q, :] = sum over taps t with output pixel p = q - offset(t) in bounds of
+// w[t] (as [Cin, Cout]) * dy[p, :]: a gather, so every dx value is written exactly once.
+template <typename T, int kCin, int kCout>
+void direct_backward_input(const T* w, const T* dy, T* dx, int64_t batch, int64_t height,
+                           int64_t width) {
+  T w_t[kTaps * kCout * kCin];  // w transposed per tap to [Cout, Cin]: the lanes run over Cin
+  for (int64_t t = 0; t < kTaps; ++t)
+    for (int64_t ci = 0; ci < kCin; ++ci)
+      for (int64_t co = 0; co < kCout; ++co)
+        w_t[(t * kCout + co) * kCin + ci] = w[(t * kCin + ci) * kCout + co];
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    const T* grad_image = dy + bi * height * width * kCout;
+    for (int64_t qh = 0; qh < height; ++qh) {
+      for (int64_t qw = 0; qw < width; ++qw) {
+        Lane<T, kCin> acc = Lane<T, kCin>::Zero();
+        for (int64_t kh = 0; kh < 3; ++kh) {
+          const int64_t h = qh - kh + 1;
+          if (h < 0 || h >= height) continue;
+          for (int64_t kw = 0; kw < 3; ++kw) {
+            const int64_t c = qw - kw + 1;
+            if (c < 0 || c >= width) continue;
+            const T* g = grad_image + (h * width + c) * kCout;
+            const T* tap = w_t + (kh * 3 + kw) * kCout * kCin;
+            for (int co = 0; co < kCout; ++co) acc += g[co] * ConstLaneMap<T, kCin>(tap + co * kCin);
+          }
+        }
+        LaneMap<T, kCin>(dx + ((bi * height + qh) * width + qw) * kCin) = acc;
+      }
+    }
+  }
+}
+
+template <typename T>
+struct DirectConv {
+  int64_t cin, cout;
+  void (*forward)(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);
+  void (*backward_weights)(const T*, const T*, T*, T*, int64_t, int64_t, int64_t);
+  void (*backward_input)(const T*, const T*, T*, int64_t, int64_t, int64_t);
+};
+
+template <typename T, int kCin, int kCout>
+constexpr DirectConv<T> direct_entry() {
+  return {kCin, kCout, direct_forward<T, kCin, kCout>, direct_backward_weights<T, kCin, kCout>,
+          direct_backward_input<T, kCin, kCout>};
+}
+
+template <typename T>
+const DirectConv<T>* find_direct(int64_t cin, int64_t cout) {
+  static constexpr DirectConv<T> kTable[] = {direct_entry<T, 1, 8>(), direct_entry<T, 8, 16>()};
+  for (const auto& entry : kTable) {
+    if (entry.cin == cin && entry.cout == cout) return &entry;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+bool conv2d_uses_im2col(int64_t cin, int64_t cout) {
+  return find_direct<float>(cin, cout) == nullptr;
+}
 
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, T* cols, int64_t batch,
                     int64_t height, int64_t width, int64_t cin, int64_t cout) {
+  if (const auto* direct = find_direct<T>(cin, cout)) {
+    direct->forward(x, w, b, y, batch, height, width);
+    return;
+  }
   const int64_t pixels = batch * height * width;
   im2col(x, cols, batch, height, width, cin);
   MatrixMap<T> y_m(y, pixels, cout);
@@ -90,8 +225,14 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, T* cols, int64_t b
 }
 
 template <typename T>
-void conv2d_backward(const T* cols, const T* w, const T* dy, T* dw, T* db, T* dx, T* dcols,
-                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout) {
+void conv2d_backward(const T* x, const T* cols, const T* w, const T* dy, T* dw, T* db, T* dx,
+                     T* dcols, int64_t batch, int64_t height, int64_t width, int64_t cin,
+                     int64_t cout) {
+  if (const auto* direct = find_direct<T>(cin, cout)) {
+    direct->backward_weights(x, dy, dw, db, batch, height, width);
+    if (dx != nullptr) direct->backward_input(w, dy, dx, batch, height, width);
+    return;
+  }
   const int64_t pixels = batch * height * width;
   ConstMatrixMap<T> dy_m(dy, pixels, cout);
   ConstMatrixMap<T> cols_m(cols, pixels, kTaps * cin);
@@ -108,18 +249,19 @@ template void conv2d_forward<float>(const float*, const float*, const float*, fl
                                     int64_t, int64_t, int64_t, int64_t, int64_t);
 template void conv2d_forward<double>(const double*, const double*, const double*, double*,
                                      double*, int64_t, int64_t, int64_t, int64_t, int64_t);
-template void conv2d_backward<float>(const float*, const float*, const float*, float*, float*,
-                                     float*, float*, int64_t, int64_t, int64_t, int64_t,
-                                     int64_t);
-template void conv2d_backward<double>(const double*, const double*, const double*, double*,
-                                      double*, double*, double*, int64_t, int64_t, int64_t,
-                                      int64_t, int64_t);
+template void conv2d_backward<float>(const float*, const float*, const float*, const float*,
+                                     float*, float*, float*, float*, int64_t, int64_t, int64_t,
+                                     int64_t, int64_t);
+template void conv2d_backward<double>(const double*, const double*, const double*,
+                                      const double*, double*, double*, double*, double*, int64_t,
+                                      int64_t, int64_t, int64_t, int64_t);
 
 namespace {
 
 class Conv2D final : public Layer {
  public:
-  Conv2D(int64_t cin, int64_t cout) : cin_(cin), cout_(cout) {
+  Conv2D(int64_t cin, int64_t cout)
+      : cin_(cin), cout_(cout), im2col_(conv2d_uses_im2col(cin, cout)) {
     RINGTRAIN_CHECK(cin > 0 && cout > 0, "conv2d needs positive channel counts, got {}->{}", cin,
                     cout);
   }
@@ -144,7 +286,7 @@ class Conv2D final : public Layer {
   void forward(const Tensor& x, Tensor& y, Context&) override {
     const int64_t batch = x.dim(0), height = x.dim(1), width = x.dim(2);
     y.resize(Shape{batch, height, width, cout_});
-    cols_.resize(Shape{batch * height * width, kTaps * cin_});
+    if (im2col_) cols_.resize(Shape{batch * height * width, kTaps * cin_});
     conv2d_forward(x.data(), w_.data(), b_.data(), y.data(), cols_.data(), batch, height, width,
                    cin_, cout_);
   }
@@ -153,19 +295,20 @@ class Conv2D final : public Layer {
     float* dx_data = nullptr;
     if (dx != nullptr) {
       dx->resize(x.shape());
-      dcols_.resize(cols_.shape());
+      if (im2col_) dcols_.resize(cols_.shape());
       dx_data = dx->data();
     }
-    conv2d_backward(cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(), dx_data,
+    conv2d_backward(x.data(), cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(), dx_data,
                     dcols_.data(), batch, height, width, cin_, cout_);
   }
 
  private:
   int64_t cin_, cout_;
+  bool im2col_;     // false: the direct path, which needs no scratch
   Tensor w_, b_;    // w_ [3, 3, cin, cout], b_ [cout]: views into the flat parameters
   Tensor dw_, db_;  // views into the flat gradients
-  Tensor cols_;     // [B*H*W, 9*cin] im2col of the last forward's input
-  Tensor dcols_;    // [B*H*W, 9*cin] gradient of cols_ (only when dx is wanted)
+  Tensor cols_;     // im2col path: [B*H*W, 9*cin] im2col of the last forward's input
+  Tensor dcols_;    // im2col path: [B*H*W, 9*cin] gradient of cols_ (only when dx is wanted)
 };
 
 }  // namespace
