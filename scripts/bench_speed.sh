@@ -52,6 +52,8 @@ else
 fi
 [[ -d "$DATA_DIR" ]] || { echo "bench_speed: data dir $DATA_DIR not found" >&2; exit 1; }
 
+NCPU="$(env -u OMP_NUM_THREADS nproc)"   # nproc obeys OMP_NUM_THREADS, set below
+
 # One thread everywhere: no stray OpenMP/OpenBLAS pools on either side.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
@@ -77,7 +79,7 @@ if [[ "$build_type" != "Release" ]]; then
   log "configuring $BUILD_DIR (Release)"
   cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >&2
 fi
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target mnist_train >&2
+cmake --build "$BUILD_DIR" -j"$NCPU" --target mnist_train >&2
 BIN="$BUILD_DIR/mnist_train"
 
 WORK="$(mktemp -d)"
@@ -165,19 +167,27 @@ TORCH_VERSION="$(summary_field "$WORK/torch-rss.jsonl" torch_version)"
 TORCH_BLAS="$(summary_field "$WORK/torch-rss.jsonl" blas)"
 
 # ---- report ----
-CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1)"
-[[ -n "$CPU_MODEL" ]] || CPU_MODEL="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+CPU_MODEL="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+cpu_family="$(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+cpu_model_no="$(sed -n 's/^model[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+cpu_flags="$(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+simd=""
+for f in avx2 fma avx512f avx512_vnni avx512_bf16; do
+  if [[ " $cpu_flags " == *" $f "* ]]; then simd+="$f "; fi
+done
+hypervisor="$(lscpu 2>/dev/null | sed -n 's/^Hypervisor vendor: *//p' || true)"
+CPU_MODEL="${CPU_MODEL:-unknown} (family $cpu_family model $cpu_model_no; ${simd% }${hypervisor:+; VM: $hypervisor})"
 env_prefix=""
 for v in BENCH_QUICK REPS STEPS_MLP_B32 STEPS_MLP_B128 STEPS_CNN_B128 WARMUP RINGTRAIN_DATA BUILD_DIR BENCH_OUT; do
   # only the variables the caller set (they were exported or given on the command line)
   if printenv "$v" >/dev/null; then env_prefix+="$v=$(printf '%q' "$(printenv "$v")") "; fi
 done
-COMMAND="${env_prefix}scripts/bench_speed.sh$(printf ' %q' "$@")"
+COMMAND="${env_prefix}scripts/bench_speed.sh"
+[[ $# -eq 0 ]] || COMMAND+="$(printf ' %q' "$@")"
 GIT_REV="$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
 
 mkdir -p "$(dirname "$BENCH_OUT")"
 DATE="$(date -u '+%Y-%m-%d %H:%M UTC')"
-NCPU="$(nproc)"
 ours_cmd MODEL BATCH STEPS
 OURS_CMD="${CMD[*]}"
 OURS_CMD="${OURS_CMD//$ROOT\//}"

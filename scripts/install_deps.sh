@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs ringtrain's build and test dependencies from Debian packages. Idempotent: when every
+# package is already installed it only checks and exits (well under a second).
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config
+  libopenmpi-dev openmpi-bin      # MPI for the ring (mpirun, mpicxx)
+  libeigen3-dev                   # CPU GEMM
+  catch2                          # tests (v2: catch2/catch.hpp)
+  libspdlog-dev libfmt-dev        # logging
+  libcli11-dev                    # flags
+  zlib1g-dev                      # .gz data files
+  dataset-fashion-mnist           # the default data: /usr/share/datasets/fashion-mnist
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$package")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install_deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists when they are missing or more than a day old.
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -n 1)" ]; then
+  "${sudo[@]}" apt-get update -q
+fi
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
