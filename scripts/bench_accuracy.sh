@@ -7,22 +7,28 @@
 # reported as such.
 #
 # Usage: scripts/bench_accuracy.sh
-#   RINGTRAIN_MNIST_DIR    MNIST IDX files (default /work/shared/data/mnist)
+#   RINGTRAIN_MNIST_DIR    MNIST IDX files (default ../shared/data/mnist, else data/mnist)
 #   RINGTRAIN_FASHION_DIR  Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
 #   ACC_EPOCHS=5           epochs per run (BENCH_QUICK=1 makes the default 1: a smoke test)
-#   BENCH_THREADS=2        --threads for every run
+#   BENCH_THREADS=1        --threads for every run
 #   MLP_ARGS / CNN_ARGS / FASHION_MLP_ARGS   override the settings below (one string each)
 #   BUILD_DIR=build  ACC_OUT=docs/benchmarks-accuracy.md
 set -euo pipefail
 
 # ---- settings (tune here) ----
-MLP_ARGS="${MLP_ARGS:---optimizer adam --lr 1e-3 --batch-size 128}"
+MLP_ARGS="${MLP_ARGS:---optimizer adam --lr 1e-3 --batch-size 128 --lr-schedule exponential --lr-decay-rate 0.6 --lr-decay-steps 468 --ema-decay 0.999}"
 CNN_ARGS="${CNN_ARGS:---optimizer adam --lr 2e-3 --batch-size 128}"
 FASHION_MLP_ARGS="${FASHION_MLP_ARGS:-$MLP_ARGS}"
 if [[ "${BENCH_QUICK:-0}" == "1" ]]; then ACC_EPOCHS="${ACC_EPOCHS:-1}"; else ACC_EPOCHS="${ACC_EPOCHS:-5}"; fi
-THREADS="${BENCH_THREADS:-2}"
+THREADS="${BENCH_THREADS:-1}"
 SEED="${SEED:-42}"
-MNIST_DIR="${RINGTRAIN_MNIST_DIR:-/work/shared/data/mnist}"
+# MNIST: $RINGTRAIN_MNIST_DIR, else the shared copy beside the checkout, else data/mnist
+# (scripts/download_mnist.sh puts it there).
+_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${RINGTRAIN_MNIST_DIR:-}" && -d "$_repo/../shared/data/mnist" ]]; then
+  RINGTRAIN_MNIST_DIR="$(cd "$_repo/../shared/data/mnist" && pwd)"
+fi
+MNIST_DIR="${RINGTRAIN_MNIST_DIR:-$_repo/data/mnist}"
 FASHION_DIR="${RINGTRAIN_FASHION_DIR:-/usr/share/datasets/fashion-mnist}"
 # task name | model | data label | data dir | settings | target accuracy
 TASKS=(

@@ -10,7 +10,7 @@
 # Writes a markdown section to $BENCH_OUT (default docs/benchmarks-speed.md).
 #
 # Usage: scripts/bench_speed.sh [DATA_DIR]
-#   DATA_DIR          first arg, else $RINGTRAIN_DATA, else /work/shared/data/mnist if it
+#   DATA_DIR          first arg, else $RINGTRAIN_DATA, else ../shared/data/mnist (beside the checkout) or data/mnist if it
 #                     exists, else /usr/share/datasets/fashion-mnist
 #   BENCH_QUICK=1     smoke test: 50 steps per run, REPS=1 (figures not meaningful)
 #   REPS=3            runs per side and config
@@ -45,8 +45,10 @@ if [[ $# -ge 1 && -n "$1" ]]; then
   DATA_DIR="$1"
 elif [[ -n "${RINGTRAIN_DATA:-}" ]]; then
   DATA_DIR="$RINGTRAIN_DATA"
-elif [[ -d /work/shared/data/mnist ]]; then
-  DATA_DIR=/work/shared/data/mnist
+elif [[ -d "$(dirname "${BASH_SOURCE[0]}")/../../shared/data/mnist" ]]; then
+  DATA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../shared/data/mnist" && pwd)"
+elif [[ -d "$(dirname "${BASH_SOURCE[0]}")/../data/mnist" ]]; then
+  DATA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/mnist" && pwd)"
 else
   DATA_DIR=/usr/share/datasets/fashion-mnist
 fi

@@ -72,7 +72,11 @@ void save_params(const std::string& path, std::span<const float> params) {
     out.write(reinterpret_cast<const char*>(params.data()),
               static_cast<std::streamsize>(params.size_bytes()));
     out.flush();
-    RINGTRAIN_CHECK(out.good(), "--save-params: writing {} failed (disk full?)", tmp);
+    if (!out.good()) {
+      out.close();
+      std::filesystem::remove(tmp);
+      RINGTRAIN_FAIL("--save-params: writing {} failed (disk full?); {} is unchanged", tmp, path);
+    }
   }
   std::error_code error;
   std::filesystem::rename(tmp, path, error);
@@ -88,10 +92,11 @@ std::vector<float> load_params(const std::string& path) {
   in.read(reinterpret_cast<char*>(&count), sizeof(count));
   RINGTRAIN_CHECK(in.good() && std::memcmp(magic, kParamsMagic, sizeof(magic)) == 0,
                   "{} is not a ringtrain parameter file (no RTPARAMS header)", path);
+  // Compare without multiplying: a lying count must not overflow into a "valid" size.
   const auto size = std::filesystem::file_size(path);
-  RINGTRAIN_CHECK(size == 16 + count * sizeof(float),
-                  "{} claims {} parameters ({} bytes) but holds {} bytes", path, count,
-                  16 + count * sizeof(float), size);
+  RINGTRAIN_CHECK(size >= 16 && (size - 16) % sizeof(float) == 0 &&
+                      count == (size - 16) / sizeof(float),
+                  "{} claims {} parameters but holds {} bytes", path, count, size);
   std::vector<float> params(count);
   in.read(reinterpret_cast<char*>(params.data()),
           static_cast<std::streamsize>(count * sizeof(float)));

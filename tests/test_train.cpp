@@ -81,7 +81,7 @@ TEST_CASE("cnn trains on Fashion-MNIST: loss falls, accuracy >= 70% after 300 st
   CHECK(run.test_accuracy >= 0.70);
 }
 
-TEST_CASE("the same seed gives bitwise identical parameters; another seed does not", "[train]") {
+TEST_CASE("the same seed gives bitwise identical parameters and another seed does not", "[train]") {
   for (const char* name : {"mlp", "cnn"}) {
     INFO("model " << name);
     const OptimizerConfig sgd{.kind = "sgd", .momentum = 0.9f, .weight_decay = 1e-4f};
