@@ -13,6 +13,7 @@
 // accumulators then live in vector registers and nothing but x, w and y is touched.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -91,7 +92,49 @@ using ConstLaneMap = Eigen::Map<const Lane<T, kN>>;
 template <typename T, int kN>
 using LaneMap = Eigen::Map<Lane<T, kN>>;
 
-// y[p, :] = b + sum over in-bounds taps t, ci of x[p + offset(t), ci] * w[t, ci, :].
+constexpr int kPixelBlock = 4;
+
+// Visits the columns of one image row: the edge columns (whose 3x3 window leaves the image)
+// one at a time with bounds checks, columns 1 .. width-2 in blocks of kPixelBlock without.
+// visit(c, block size, edge?) gets both as compile-time constants.
+template <typename Visit>
+inline void for_pixel_blocks(int64_t width, Visit&& visit) {
+  int64_t c = 0;
+  visit(c++, std::integral_constant<int, 1>{}, std::true_type{});
+  for (; c + kPixelBlock <= width - 1; c += kPixelBlock) {
+    visit(c, std::integral_constant<int, kPixelBlock>{}, std::false_type{});
+  }
+  for (; c < width; ++c) visit(c, std::integral_constant<int, 1>{}, std::true_type{});
+}
+
+// Output pixels (h, c .. c+kBlock-1) of one image: y[p, :] = b + sum over in-bounds taps t and
+// input channels ci of x[p + offset(t), ci] * w[t, ci, :]. Computing kBlock neighbours at once
+// loads each weight row once for all of them and gives the CPU kBlock independent multiply-add
+// chains. Every pixel sums in the same order whatever the block, so results do not depend on
+// how a row was cut into blocks. kEdge: some of these columns have taps outside the image.
+template <typename T, int kCin, int kCout, int kBlock, bool kEdge>
+inline void forward_pixels(const T* image, const T* w, const Lane<T, kCout>& bias, T* out,
+                           int64_t h, int64_t c, int64_t height, int64_t width) {
+  Lane<T, kCout> acc[kBlock];
+  for (int k = 0; k < kBlock; ++k) acc[k] = bias;
+  for (int64_t kh = 0; kh < 3; ++kh) {
+    const int64_t ih = h + kh - 1;
+    if (ih < 0 || ih >= height) continue;
+    for (int64_t kw = 0; kw < 3; ++kw) {
+      const int64_t base = (ih * width + c + kw - 1) * kCin;  // column c + kw - 1 may be -1
+      const T* tap = w + (kh * 3 + kw) * kCin * kCout;
+      for (int ci = 0; ci < kCin; ++ci) {
+        const Lane<T, kCout> weights = ConstLaneMap<T, kCout>(tap + ci * kCout);
+        for (int k = 0; k < kBlock; ++k) {
+          if (kEdge && (c + k + kw - 1 < 0 || c + k + kw - 1 >= width)) continue;
+          acc[k] += image[base + k * kCin + ci] * weights;
+        }
+      }
+    }
+  }
+  for (int k = 0; k < kBlock; ++k) LaneMap<T, kCout>(out + k * kCout) = acc[k];
+}
+
 template <typename T, int kCin, int kCout>
 void direct_forward(const T* x, const T* w, const T* b, T* y, int64_t batch, int64_t height,
                     int64_t width) {
@@ -99,20 +142,39 @@ void direct_forward(const T* x, const T* w, const T* b, T* y, int64_t batch, int
   for (int64_t bi = 0; bi < batch; ++bi) {
     const T* image = x + bi * height * width * kCin;
     for (int64_t h = 0; h < height; ++h) {
-      for (int64_t c = 0; c < width; ++c) {
-        Lane<T, kCout> acc = bias;
-        for (int64_t kh = 0; kh < 3; ++kh) {
-          const int64_t ih = h + kh - 1;
-          if (ih < 0 || ih >= height) continue;
-          for (int64_t kw = 0; kw < 3; ++kw) {
-            const int64_t iw = c + kw - 1;
-            if (iw < 0 || iw >= width) continue;
-            const T* in = image + (ih * width + iw) * kCin;
-            const T* tap = w + (kh * 3 + kw) * kCin * kCout;
-            for (int ci = 0; ci < kCin; ++ci) acc += in[ci] * ConstLaneMap<T, kCout>(tap + ci * kCout);
-          }
+      T* out_row = y + (bi * height + h) * width * kCout;
+      for_pixel_blocks(width, [&](int64_t c, auto block, auto edge) {
+        forward_pixels<T, kCin, kCout, decltype(block)::value, decltype(edge)::value>(
+            image, w, bias, out_row + c * kCout, h, c, height, width);
+      });
+    }
+  }
+}
+
+// Adds the contributions of output pixels (h, c .. c+kBlock-1) to dw[t, ci, :] (each row loaded
+// and stored once per block) and to the bias gradient, in pixel order.
+template <typename T, int kCin, int kCout, int kBlock, bool kEdge>
+inline void weight_grad_pixels(const T* image, const T* grad, T* dw, Lane<T, kCout>& grad_b,
+                               int64_t h, int64_t c, int64_t height, int64_t width) {
+  Lane<T, kCout> g[kBlock];
+  for (int k = 0; k < kBlock; ++k) {
+    g[k] = ConstLaneMap<T, kCout>(grad + k * kCout);
+    grad_b += g[k];
+  }
+  for (int64_t kh = 0; kh < 3; ++kh) {
+    const int64_t ih = h + kh - 1;
+    if (ih < 0 || ih >= height) continue;
+    for (int64_t kw = 0; kw < 3; ++kw) {
+      const int64_t base = (ih * width + c + kw - 1) * kCin;
+      T* tap = dw + (kh * 3 + kw) * kCin * kCout;
+      for (int ci = 0; ci < kCin; ++ci) {
+        LaneMap<T, kCout> row(tap + ci * kCout);
+        Lane<T, kCout> sum = row;
+        for (int k = 0; k < kBlock; ++k) {
+          if (kEdge && (c + k + kw - 1 < 0 || c + k + kw - 1 >= width)) continue;
+          sum += image[base + k * kCin + ci] * g[k];
         }
-        LaneMap<T, kCout>(y + ((bi * height + h) * width + c) * kCout) = acc;
+        row = sum;
       }
     }
   }
@@ -127,33 +189,47 @@ void direct_backward_weights(const T* x, const T* dy, T* dw, T* db, int64_t batc
   for (int64_t bi = 0; bi < batch; ++bi) {
     const T* image = x + bi * height * width * kCin;
     for (int64_t h = 0; h < height; ++h) {
-      for (int64_t c = 0; c < width; ++c) {
-        const Lane<T, kCout> g = ConstLaneMap<T, kCout>(dy + ((bi * height + h) * width + c) * kCout);
-        grad_b += g;
-        for (int64_t kh = 0; kh < 3; ++kh) {
-          const int64_t ih = h + kh - 1;
-          if (ih < 0 || ih >= height) continue;
-          for (int64_t kw = 0; kw < 3; ++kw) {
-            const int64_t iw = c + kw - 1;
-            if (iw < 0 || iw >= width) continue;
-            const T* in = image + (ih * width + iw) * kCin;
-            T* tap = dw + (kh * 3 + kw) * kCin * kCout;
-            for (int ci = 0; ci < kCin; ++ci) LaneMap<T, kCout>(tap + ci * kCout) += in[ci] * g;
-          }
-        }
-      }
+      const T* grad_row = dy + (bi * height + h) * width * kCout;
+      for_pixel_blocks(width, [&](int64_t c, auto block, auto edge) {
+        weight_grad_pixels<T, kCin, kCout, decltype(block)::value, decltype(edge)::value>(
+            image, grad_row + c * kCout, dw, grad_b, h, c, height, width);
+      });
     }
   }
   LaneMap<T, kCout> bias_grad(db);
   bias_grad = grad_b;
 }
 
-// dx[q, :] = sum over taps t with output pixel p = q - offset(t) in bounds of
-// w[t] (as [Cin, Cout]) * dy[p, :]: a gather, so every dx value is written exactly once.
+// Input pixels (qh, qw .. qw+kBlock-1): dx[q, :] = sum over taps t whose output pixel
+// p = q - offset(t) is in bounds of w[t] (as [Cin, Cout]) * dy[p, :]. A gather, so every dx
+// value is written exactly once; w_t holds w transposed per tap to [Cout, Cin].
+template <typename T, int kCin, int kCout, int kBlock, bool kEdge>
+inline void input_grad_pixels(const T* grad_image, const T* w_t, T* out, int64_t qh, int64_t qw,
+                              int64_t height, int64_t width) {
+  Lane<T, kCin> acc[kBlock];
+  for (int k = 0; k < kBlock; ++k) acc[k] = Lane<T, kCin>::Zero();
+  for (int64_t kh = 0; kh < 3; ++kh) {
+    const int64_t h = qh - kh + 1;
+    if (h < 0 || h >= height) continue;
+    for (int64_t kw = 0; kw < 3; ++kw) {
+      const int64_t base = (h * width + qw - kw + 1) * kCout;  // column qw - kw + 1 may be -1
+      const T* tap = w_t + (kh * 3 + kw) * kCout * kCin;
+      for (int co = 0; co < kCout; ++co) {
+        const Lane<T, kCin> weights = ConstLaneMap<T, kCin>(tap + co * kCin);
+        for (int k = 0; k < kBlock; ++k) {
+          if (kEdge && (qw + k - kw + 1 < 0 || qw + k - kw + 1 >= width)) continue;
+          acc[k] += grad_image[base + k * kCout + co] * weights;
+        }
+      }
+    }
+  }
+  for (int k = 0; k < kBlock; ++k) LaneMap<T, kCin>(out + k * kCin) = acc[k];
+}
+
 template <typename T, int kCin, int kCout>
 void direct_backward_input(const T* w, const T* dy, T* dx, int64_t batch, int64_t height,
                            int64_t width) {
-  T w_t[kTaps * kCout * kCin];  // w transposed per tap to [Cout, Cin]: the lanes run over Cin
+  T w_t[kTaps * kCout * kCin];
   for (int64_t t = 0; t < kTaps; ++t)
     for (int64_t ci = 0; ci < kCin; ++ci)
       for (int64_t co = 0; co < kCout; ++co)
@@ -161,21 +237,11 @@ void direct_backward_input(const T* w, const T* dy, T* dx, int64_t batch, int64_
   for (int64_t bi = 0; bi < batch; ++bi) {
     const T* grad_image = dy + bi * height * width * kCout;
     for (int64_t qh = 0; qh < height; ++qh) {
-      for (int64_t qw = 0; qw < width; ++qw) {
-        Lane<T, kCin> acc = Lane<T, kCin>::Zero();
-        for (int64_t kh = 0; kh < 3; ++kh) {
-          const int64_t h = qh - kh + 1;
-          if (h < 0 || h >= height) continue;
-          for (int64_t kw = 0; kw < 3; ++kw) {
-            const int64_t c = qw - kw + 1;
-            if (c < 0 || c >= width) continue;
-            const T* g = grad_image + (h * width + c) * kCout;
-            const T* tap = w_t + (kh * 3 + kw) * kCout * kCin;
-            for (int co = 0; co < kCout; ++co) acc += g[co] * ConstLaneMap<T, kCin>(tap + co * kCin);
-          }
-        }
-        LaneMap<T, kCin>(dx + ((bi * height + qh) * width + qw) * kCin) = acc;
-      }
+      T* out_row = dx + (bi * height + qh) * width * kCin;
+      for_pixel_blocks(width, [&](int64_t qw, auto block, auto edge) {
+        input_grad_pixels<T, kCin, kCout, decltype(block)::value, decltype(edge)::value>(
+            grad_image, w_t, out_row + qw * kCin, qh, qw, height, width);
+      });
     }
   }
 }

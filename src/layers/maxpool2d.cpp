@@ -31,30 +31,62 @@ void maxpool2d_forward(const T* x, T* y, int64_t batch, int64_t height, int64_t 
   }
 }
 
-template <typename T>
-void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch,
-                        int64_t height, int64_t width, int64_t channels) {
+namespace {
+
+// One window's backward over its channels: each position takes what is left of the gradient
+// if it holds the max (row-major order decides ties); branch-free, so it vectorises. The
+// restrict-qualified parameters tell the compiler the eight arrays do not overlap.
+// kChannels > 0 fixes the channel count at compile time; 0 reads it from `channels`.
+template <typename T, int kChannels>
+inline void maxpool_window_backward(const T* __restrict x00, const T* __restrict x01,
+                                    const T* __restrict x10, const T* __restrict x11,
+                                    const T* __restrict max, const T* __restrict grad,
+                                    T* __restrict d00, T* __restrict d01, T* __restrict d10,
+                                    T* __restrict d11, int64_t channels) {
+  const int64_t count = kChannels > 0 ? kChannels : channels;
+  for (int64_t c = 0; c < count; ++c) {
+    const T m = max[c];
+    T rest = grad[c];
+    const bool hit00 = x00[c] == m;
+    d00[c] = hit00 ? rest : T(0);
+    rest = hit00 ? T(0) : rest;
+    const bool hit01 = x01[c] == m;
+    d01[c] = hit01 ? rest : T(0);
+    rest = hit01 ? T(0) : rest;
+    const bool hit10 = x10[c] == m;
+    d10[c] = hit10 ? rest : T(0);
+    rest = hit10 ? T(0) : rest;
+    d11[c] = x11[c] == m ? rest : T(0);
+  }
+}
+
+template <typename T, int kChannels>
+void maxpool2d_backward_impl(const T* x, const T* y, const T* dy, T* dx, int64_t batch,
+                             int64_t height, int64_t width, int64_t channels) {
   const int64_t out_h = height / 2, out_w = width / 2, row = width * channels;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < out_h; ++i) {
       for (int64_t j = 0; j < out_w; ++j) {
-        const int64_t in_offset = ((b * height + 2 * i) * width + 2 * j) * channels;
-        const int64_t out_offset = ((b * out_h + i) * out_w + j) * channels;
-        const T* window[4] = {x + in_offset, x + in_offset + channels, x + in_offset + row,
-                              x + in_offset + row + channels};
-        T* grad[4] = {dx + in_offset, dx + in_offset + channels, dx + in_offset + row,
-                      dx + in_offset + row + channels};
-        for (int64_t c = 0; c < channels; ++c) {
-          const T m = y[out_offset + c];
-          T g = dy[out_offset + c];
-          for (int k = 0; k < 4; ++k) {
-            const bool hit = window[k][c] == m;
-            grad[k][c] = hit ? g : T(0);
-            g = hit ? T(0) : g;  // only the first maximum receives the gradient
-          }
-        }
+        const int64_t in = ((b * height + 2 * i) * width + 2 * j) * channels;
+        const int64_t out = ((b * out_h + i) * out_w + j) * channels;
+        maxpool_window_backward<T, kChannels>(
+            x + in, x + in + channels, x + in + row, x + in + row + channels, y + out, dy + out,
+            dx + in, dx + in + channels, dx + in + row, dx + in + row + channels, channels);
       }
     }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch,
+                        int64_t height, int64_t width, int64_t channels) {
+  switch (channels) {
+    case 8: return maxpool2d_backward_impl<T, 8>(x, y, dy, dx, batch, height, width, channels);
+    case 16: return maxpool2d_backward_impl<T, 16>(x, y, dy, dx, batch, height, width, channels);
+    default:
+      return maxpool2d_backward_impl<T, 0>(x, y, dy, dx, batch, height, width, channels);
   }
 }
 
