@@ -1,0 +1,76 @@
+// MPI for host memory: the session (init/finalize with a checked threading level) and the
+// transport (Comm over a private duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so every
+// error comes back as a code that RINGTRAIN_CHECK_MPI turns into a ringtrain::Error).
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "ringtrain/check.h"
+#include "ringtrain/comm.h"
+
+// RINGTRAIN_CHECK_MPI(MPI_Send(...)): throw with the call, [file:line] and MPI's message.
+#define RINGTRAIN_CHECK_MPI(call)                                                            \
+  do {                                                                                       \
+    const int ringtrain_mpi_status_ = (call);                                                \
+    if (ringtrain_mpi_status_ != MPI_SUCCESS) [[unlikely]]                                   \
+      ::ringtrain::detail::throw_error(                                                      \
+          __FILE__, __LINE__,                                                                \
+          ::fmt::format("{} failed: {}", #call,                                              \
+                        ::ringtrain::mpi_error_string(ringtrain_mpi_status_)));              \
+  } while (0)
+
+namespace ringtrain {
+
+std::string mpi_error_string(int code);
+
+// RAII for MPI_Init_thread / MPI_Finalize. Asks for `required` (MPI_THREAD_MULTIPLE by
+// default, because the communication thread of the overlap engine calls MPI while the main
+// thread may too) and throws if the library provides less.
+class MpiSession {
+ public:
+  explicit MpiSession(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE);
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  ~MpiSession();
+  int provided() const { return provided_; }
+  // Ends every rank of the job now (after a fatal error on this one), so none is left waiting.
+  [[noreturn]] static void abort_job(int exit_code);
+
+ private:
+  int provided_ = 0;
+  bool finalize_ = false;
+};
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm();  // duplicates MPI_COMM_WORLD; needs an MpiSession alive
+  ~MpiComm() override;
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string name() const override { return "mpi"; }
+  CommRequest isend(const float* data, size_t n, int peer, int tag) override;
+  CommRequest irecv(float* data, size_t n, int peer, int tag) override;
+  void wait(CommRequest& request) override;
+  void allreduce_library(float* data, size_t n, ReduceOp op) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void allgather(const void* send, void* recv, size_t bytes) override;
+  void barrier() override;
+  MPI_Comm handle() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0, local_size_ = 1;
+  std::vector<MPI_Request> requests_;  // slots indexed by CommRequest::id
+  std::vector<int64_t> free_slots_;
+};
+
+}  // namespace ringtrain
