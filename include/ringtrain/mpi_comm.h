@@ -5,20 +5,21 @@
 
 #include <mpi.h>
 
+#include <mutex>
 #include <vector>
 
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
 
 // RINGTRAIN_CHECK_MPI(MPI_Send(...)): throw with the call, [file:line] and MPI's message.
-#define RINGTRAIN_CHECK_MPI(call)                                                            \
-  do {                                                                                       \
-    const int ringtrain_mpi_status_ = (call);                                                \
-    if (ringtrain_mpi_status_ != MPI_SUCCESS) [[unlikely]]                                   \
-      ::ringtrain::detail::throw_error(                                                      \
-          __FILE__, __LINE__,                                                                \
-          ::fmt::format("{} failed: {}", #call,                                              \
-                        ::ringtrain::mpi_error_string(ringtrain_mpi_status_)));              \
+#define RINGTRAIN_CHECK_MPI(call)                                               \
+  do {                                                                          \
+    const int ringtrain_mpi_status_ = (call);                                   \
+    if (ringtrain_mpi_status_ != MPI_SUCCESS) [[unlikely]]                      \
+      ::ringtrain::detail::throw_error(                                         \
+          __FILE__, __LINE__,                                                   \
+          ::fmt::format("{} failed: {}", #call,                                 \
+                        ::ringtrain::mpi_error_string(ringtrain_mpi_status_))); \
   } while (0)
 
 namespace ringtrain {
@@ -69,8 +70,23 @@ class MpiComm final : public Comm {
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0, local_size_ = 1;
+  // What a request slot carries, so that a stuck or failed wait() can name the message.
+  struct Transfer {
+    bool send = false;
+    int peer = -1;
+    int tag = -1;
+    size_t count = 0;  // floats
+  };
+  int64_t acquire_slot(const Transfer& transfer);  // caller holds mutex_
+  void release_slot(int64_t slot);                 // caller holds mutex_
+  [[noreturn]] void fail_transfer(const Transfer& transfer, const char* call, int code) const;
+
   std::vector<MPI_Request> requests_;  // slots indexed by CommRequest::id
+  std::vector<Transfer> transfers_;    // parallel to requests_
   std::vector<int64_t> free_slots_;
+  double timeout_s_ = 600.0;  // wait() gives up after this long (RINGTRAIN_COMM_TIMEOUT_S)
+  // Guards the slot table, so that point-to-point calls may come from several threads.
+  std::mutex mutex_;
 };
 
 }  // namespace ringtrain

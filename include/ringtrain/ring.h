@@ -17,20 +17,25 @@ struct ChunkRange {
 ChunkRange ring_chunk(size_t count, int ranks, int chunk);
 
 struct RingOptions {
-  // Elements per pipelined segment: each chunk moves as segments, so that sending segment k+1,
-  // receiving segment k+2 and adding segment k overlap. 0 chooses a default.
-  size_t segment_elements = 0;
+  // Each chunk moves as segments of this many elements, with up to `window` segments in
+  // flight each way, so that sends, receives and the reduction of earlier segments overlap.
+  size_t segment_elements = 64 * 1024;  // 256 KiB of float32
+  int window = 4;
 };
 
-// Reusable scratch for the ring: one chunk plus nothing else, allocated on first use and
-// kept, so repeated allreduces of the same size never allocate.
+// Reusable state of the ring: the receive slots of the segments in flight (window x segment,
+// at most one chunk) and the request handles. Grown on first use and kept, so repeated
+// allreduces of the same size never allocate.
 class RingScratch {
  public:
-  float* get(size_t elements);
+  float* slots(size_t elements);
+  std::vector<CommRequest>& sends(size_t n);
+  std::vector<CommRequest>& recvs(size_t n);
   size_t capacity() const { return buffer_.size(); }
 
  private:
   std::vector<float> buffer_;
+  std::vector<CommRequest> sends_, recvs_;
 };
 
 // After it, rank r's buffer holds the full sum of chunk (r + 1) % N in place (other chunks
@@ -38,7 +43,8 @@ class RingScratch {
 void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingScratch& scratch,
                          const RingOptions& options = {});
 // Given rank r owning chunk (r + 1) % N, gives every rank every chunk (copied, bit for bit).
-void ring_allgather(Comm& comm, float* data, size_t count, const RingOptions& options = {});
+void ring_allgather(Comm& comm, float* data, size_t count, RingScratch& scratch,
+                    const RingOptions& options = {});
 // Sum or average over all ranks, in place; every rank ends with the same bits.
 void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingScratch& scratch,
                     const RingOptions& options = {});

@@ -1,0 +1,278 @@
+// MpiSession and MpiComm under mpirun (registered for 1..5 ranks by tests/CMakeLists.txt).
+// Every check compares with a closed-form value built from small integers, so results must be
+// exact; a failed check prints the condition with the rank and ends the whole job through
+// MPI_Abort, so no rank is left waiting. No Catch2: every rank is its own process and a test
+// framework's output from five processes at once reads worse than one line from the failing
+// rank.
+//
+// `--expect-timeout` (2 ranks, RINGTRAIN_COMM_TIMEOUT_S=1): rank 0 waits for a message rank 1
+// never sends; wait() must throw an error naming rank 1, cancel the receive, and leave MPI in a
+// state that still finalizes cleanly.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "ringtrain/check.h"
+#include "ringtrain/mpi_comm.h"
+
+namespace {
+
+using ringtrain::CommRequest;
+using ringtrain::MpiComm;
+using ringtrain::MpiSession;
+using ringtrain::ReduceOp;
+
+int g_rank = -1;
+
+[[noreturn]] void check_failed(const char* file, int line, const char* condition) {
+  std::fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed\n", g_rank, file, line, condition);
+  MpiSession::abort_job(1);
+}
+
+#define CHECK(cond)                                       \
+  do {                                                    \
+    if (!(cond)) check_failed(__FILE__, __LINE__, #cond); \
+  } while (0)
+
+bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
+
+// Runs `call`, which must throw a ringtrain::Error containing every one of `parts`.
+template <typename Call>
+void check_throws(Call call, std::initializer_list<std::string_view> parts) {
+  try {
+    call();
+  } catch (const ringtrain::Error& error) {
+    for (std::string_view part : parts) {
+      if (!contains(error.what(), part)) {
+        std::fprintf(stderr, "rank %d: error '%s' lacks '%.*s'\n", g_rank, error.what(),
+                     static_cast<int>(part.size()), part.data());
+        MpiSession::abort_job(1);
+      }
+    }
+    return;
+  }
+  CHECK(!"the call did not throw");
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void check_ranks(MpiComm& comm) {
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  CHECK(comm.size() == world_size);
+  CHECK(comm.rank() >= 0 && comm.rank() < comm.size());
+  CHECK(comm.name() == "mpi");
+  // mpirun starts every rank on this one machine.
+  CHECK(comm.local_size() == comm.size());
+  CHECK(comm.local_rank() == comm.rank());
+  const auto ranks = ringtrain::allgather_value(comm, comm.rank());
+  for (int r = 0; r < comm.size(); ++r) CHECK(ranks[static_cast<size_t>(r)] == r);
+  const auto local = ringtrain::allgather_value(comm, comm.local_rank());
+  CHECK(local == ranks);
+}
+
+// The most requests this program ever has in flight at once (4 tags, a send and a receive
+// each): the slot table must never grow beyond it.
+constexpr int kMostInFlight = 8;
+
+float ring_value(int from, int tag, size_t i) {
+  return static_cast<float>(1000 * tag + 100 * from + static_cast<int>(i % 97));
+}
+
+// Several tags in flight at once, waited in an order unlike the posting order; the message for
+// tag t from rank s holds s + t + 1 floats (uneven), or `large` floats when that is set.
+void check_ring_exchange(MpiComm& comm, int tags, size_t large) {
+  const int r = comm.rank(), n = comm.size();
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  const auto length = [large](int from, int tag) {
+    return large > 0 ? large : static_cast<size_t>(from + tag + 1);
+  };
+  std::vector<std::vector<float>> send(static_cast<size_t>(tags)), recv(send.size());
+  std::vector<CommRequest> sends(send.size()), recvs(send.size());
+  const int rounds = large > 0 ? 3 : 200;
+  for (int round = 0; round < rounds; ++round) {
+    for (int t = 0; t < tags; ++t) {
+      auto& buffer = recv[static_cast<size_t>(t)];
+      buffer.assign(length(left, t), -1.0f);
+      recvs[static_cast<size_t>(t)] = comm.irecv(buffer.data(), buffer.size(), left, t);
+    }
+    for (int t = tags - 1; t >= 0; --t) {
+      auto& buffer = send[static_cast<size_t>(t)];
+      buffer.resize(length(r, t));
+      for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = ring_value(r, t, i);
+      sends[static_cast<size_t>(t)] = comm.isend(buffer.data(), buffer.size(), right, t);
+    }
+    // The slot table is reused: it never outgrows the most requests ever in flight at once.
+    for (const auto& request : sends) CHECK(request.id >= 0 && request.id < kMostInFlight);
+    for (const auto& request : recvs) CHECK(request.id >= 0 && request.id < kMostInFlight);
+    for (int t = tags - 1; t >= 0; t -= 2) comm.wait(recvs[static_cast<size_t>(t)]);
+    for (auto& request : sends) comm.wait(request);
+    for (auto& request : recvs) comm.wait(request);  // the rest; waited ones are no-ops
+    for (int t = 0; t < tags; ++t) {
+      CHECK(!recvs[static_cast<size_t>(t)].active());
+      const auto& buffer = recv[static_cast<size_t>(t)];
+      for (size_t i = 0; i < buffer.size(); ++i) CHECK(buffer[i] == ring_value(left, t, i));
+    }
+  }
+}
+
+void check_sendrecv(MpiComm& comm) {
+  const int r = comm.rank(), n = comm.size();
+  const int dst = (r + 2) % n, src = (r - 2 + 2 * n) % n;
+  std::vector<float> send(static_cast<size_t>(r + 3)), recv(static_cast<size_t>(src + 3));
+  for (size_t i = 0; i < send.size(); ++i) send[i] = ring_value(r, 5, i);
+  comm.sendrecv(send.data(), send.size(), dst, recv.data(), recv.size(), src, 5);
+  for (size_t i = 0; i < recv.size(); ++i) CHECK(recv[i] == ring_value(src, 5, i));
+}
+
+void check_errors(MpiComm& comm) {
+  const int r = comm.rank(), n = comm.size();
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  // A message shorter than the receive: MPI accepts it, wait() must not.
+  std::vector<float> send(4, 1.0f), recv(5, 0.0f);
+  CommRequest receiving = comm.irecv(recv.data(), recv.size(), left, 77);
+  CommRequest sending = comm.isend(send.data(), send.size(), right, 77);
+  comm.wait(sending);
+  check_throws([&] { comm.wait(receiving); },
+               {"received 4 floats from rank", "(tag 77)", "expects 5"});
+  // A bad peer comes back as an error (MPI_ERRORS_RETURN), naming the call and the peer.
+  check_throws([&] { comm.isend(send.data(), 1, n, 0); }, {"MPI_Isend", "a send to rank"});
+  // Waiting on an inactive request is a no-op.
+  CommRequest none;
+  comm.wait(none);
+  // A bad timeout setting is refused by name (before any collective call, on every rank).
+  setenv("RINGTRAIN_COMM_TIMEOUT_S", "soon", 1);
+  check_throws([] { MpiComm bad; }, {"RINGTRAIN_COMM_TIMEOUT_S='soon'"});
+  unsetenv("RINGTRAIN_COMM_TIMEOUT_S");
+  comm.barrier();
+}
+
+void check_allreduce(MpiComm& comm) {
+  const int n = comm.size();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{1} << 18}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      // Rank r holds r + (i % 97): the sum is N (i % 97) + N(N - 1)/2, exact in float.
+      std::vector<float> data(count);
+      for (size_t i = 0; i < count; ++i)
+        data[i] = static_cast<float>(comm.rank() + static_cast<int>(i % 97));
+      comm.allreduce_library(data.data(), count, op);
+      for (size_t i = 0; i < count; ++i) {
+        const auto sum = static_cast<float>(n * static_cast<int>(i % 97) + n * (n - 1) / 2);
+        const float expected = op == ReduceOp::kAvg ? sum / static_cast<float>(n) : sum;
+        CHECK(data[i] == expected);
+      }
+    }
+  }
+}
+
+void check_broadcast(MpiComm& comm) {
+  for (int root = 0; root < comm.size(); ++root) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{13}, size_t{1} << 20}) {
+      const auto pattern = [root](size_t i) {
+        return static_cast<unsigned char>((i * 7 + static_cast<size_t>(root)) % 251);
+      };
+      std::vector<unsigned char> buffer(bytes, 0);
+      if (comm.rank() == root)
+        for (size_t i = 0; i < bytes; ++i) buffer[i] = pattern(i);
+      comm.broadcast(buffer.data(), bytes, root);
+      for (size_t i = 0; i < bytes; ++i) CHECK(buffer[i] == pattern(i));
+    }
+  }
+  std::vector<double> values(3, 0.0);
+  if (comm.rank() == comm.size() - 1) values = {0.5, -1.5, 2.25};
+  ringtrain::broadcast_values(comm, values, comm.size() - 1);
+  CHECK(values == (std::vector<double>{0.5, -1.5, 2.25}));
+}
+
+void check_allgather(MpiComm& comm) {
+  const int r = comm.rank();
+  const int send[3] = {r, 10 * r, -r};
+  std::vector<int> recv(static_cast<size_t>(3 * comm.size()), -99);
+  comm.allgather(send, recv.data(), sizeof(send));
+  for (int s = 0; s < comm.size(); ++s) {
+    CHECK(recv[static_cast<size_t>(3 * s)] == s);
+    CHECK(recv[static_cast<size_t>(3 * s + 1)] == 10 * s);
+    CHECK(recv[static_cast<size_t>(3 * s + 2)] == -s);
+  }
+}
+
+void check_barrier(MpiComm& comm) {
+  // Rank 0 arrives late; nobody may leave before it arrived (one machine, one wall clock).
+  double arrived = 0;
+  if (comm.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    arrived = wall_seconds();
+  }
+  comm.barrier();
+  const double left = wall_seconds();
+  const auto arrivals = ringtrain::allgather_value(comm, arrived);
+  CHECK(left >= arrivals[0]);
+}
+
+int run_all(MpiComm& comm, const MpiSession& session) {
+  CHECK(session.provided() >= MPI_THREAD_MULTIPLE);
+  check_ranks(comm);
+  check_ring_exchange(comm, 4, 0);
+  check_ring_exchange(comm, 2, size_t{1} << 20);  // 4 MiB: the rendezvous path
+  check_sendrecv(comm);
+  check_errors(comm);
+  check_allreduce(comm);
+  check_broadcast(comm);
+  check_allgather(comm);
+  check_barrier(comm);
+  if (comm.rank() == 0) std::printf("mpi_comm_test: %d ranks passed\n", comm.size());
+  return 0;
+}
+
+int run_expect_timeout(MpiComm& comm) {
+  CHECK(comm.size() == 2);
+  if (comm.rank() == 0) {
+    float value = 0;
+    CommRequest never = comm.irecv(&value, 1, 1, 7);
+    const double start = wall_seconds();
+    bool threw = false;
+    try {
+      comm.wait(never);
+    } catch (const ringtrain::Error& error) {
+      threw = true;
+      std::printf("expected timeout: %s\n", error.what());
+      CHECK(contains(error.what(), "rank 0: no progress for 1 s on a receive from rank 1 (tag 7)"));
+      CHECK(contains(error.what(), "RINGTRAIN_COMM_TIMEOUT_S"));
+    }
+    CHECK(threw);
+    CHECK(!never.active());
+    const double waited = wall_seconds() - start;
+    CHECK(waited >= 0.9 && waited < 30.0);
+  }
+  // Both ranks go on; the cancelled receive must not stop this or MPI_Finalize.
+  comm.barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool expect_timeout = argc > 1 && std::strcmp(argv[1], "--expect-timeout") == 0;
+  try {
+    MpiSession session(&argc, &argv);
+    int code = 0;
+    {
+      MpiComm comm;
+      g_rank = comm.rank();
+      code = expect_timeout ? run_expect_timeout(comm) : run_all(comm, session);
+    }
+    return code;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "rank %d: %s\n", g_rank, error.what());
+    MpiSession::abort_job(1);
+  }
+}
