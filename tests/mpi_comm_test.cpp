@@ -220,6 +220,12 @@ void check_barrier(MpiComm& comm) {
 
 int run_all(MpiComm& comm, const MpiSession& session) {
   CHECK(session.provided() >= MPI_THREAD_MULTIPLE);
+  {
+    // MPI is already running: a second session must neither initialise nor finalize it (the
+    // checks below would fail on a finalized MPI).
+    MpiSession nested(nullptr, nullptr);
+    CHECK(nested.provided() == session.provided());
+  }
   check_ranks(comm);
   check_ring_exchange(comm, 4, 0);
   check_ring_exchange(comm, 2, size_t{1} << 20);  // 4 MiB: the rendezvous path
