@@ -315,9 +315,9 @@ struct Row {
   uint64_t wrong = 0;
 };
 
-// Fixed-width columns, nccl-tests style; headers and rows share these widths.
-constexpr const char* kRowFormat =
-    "{:>12}  {:>12}  {:>6}  {:>5}  {:>7}  {:>10}  {:>7}  {:>7}  {:>6}";
+// Fixed-width columns, nccl-tests style; headers and rows share these widths. The empty {}
+// after redop is the backend column (Report::backend_cell).
+constexpr const char* kRowFormat = "{:>12}  {:>12}  {:>6}  {:>5}{}  {:>10}  {:>7}  {:>7}  {:>6}";
 constexpr const char* kSpreadFormat = "  {:>10}  {:>10}  {:>7}  {:>7}";
 
 class Report {
@@ -334,11 +334,10 @@ class Report {
   }
 
   void print_column_heads() const {
-    std::string line1 =
-        fmt::format(kRowFormat, "size", "count", "type", "redop", show_backend_ ? "backend" : "",
-                    "time", "algbw", "busbw", "#wrong");
-    std::string line2 =
-        fmt::format(kRowFormat, "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+    std::string line1 = fmt::format(kRowFormat, "size", "count", "type", "redop",
+                                    backend_cell("backend"), "time", "algbw", "busbw", "#wrong");
+    std::string line2 = fmt::format(kRowFormat, "(B)", "(elements)", "", "", backend_cell(""),
+                                    "(us)", "(GB/s)", "(GB/s)", "");
     if (plan_.repeats > 1) {
       line1 += fmt::format(kSpreadFormat, "time min", "time max", "bus min", "bus max");
       line2 += fmt::format(kSpreadFormat, "(us)", "(us)", "(GB/s)", "(GB/s)");
@@ -357,7 +356,7 @@ class Report {
                  bus_max = busbw(row.bytes, t_min);
     const char* op = to_string(plan_.op);
     std::string line = fmt::format(
-        kRowFormat, row.bytes, row.count, "float", op, show_backend_ ? to_string(row.backend) : "",
+        kRowFormat, row.bytes, row.count, "float", op, backend_cell(to_string(row.backend)),
         fmt::format("{:.2f}", t * 1e6), fmt::format("{:.2f}", algbw(row.bytes, t)),
         fmt::format("{:.2f}", bus_med), plan_.check ? fmt::format("{}", row.wrong) : "N/A");
     if (plan_.repeats > 1) {
@@ -396,6 +395,10 @@ class Report {
   }
 
  private:
+  // The backend column, present only when more than one backend runs.
+  std::string backend_cell(const char* text) const {
+    return show_backend_ ? fmt::format("  {:>7}", text) : std::string();
+  }
   static double algbw(uint64_t bytes, double seconds) {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
   }

@@ -123,7 +123,7 @@ out += [
     f"- Command: `{env['SCRIPT_CMD']}`, which ran `{env['RUN_CMD']}`; all columns per size and "
     f"backend in `{env['CSV_NAME']}`.",
     f"- Time of one allreduce = the slowest rank's time for {env['ITERS']} back-to-back calls "
-    f"(after {env['WARMUP']} warm-up calls and a barrier) / {env['ITERS']}; algbw = size / time; "
+    f"(after {env['WARMUP']} warm-up call(s) and a barrier) / {env['ITERS']}; algbw = size / time; "
     "busbw = algbw x 2(N-1)/N (nccl-tests' convention; = algbw at 2 ranks). Each timed "
     f"measurement ran {env['REPEATS']} times per size, ring and MPI alternating (the order "
     "swapping each repeat); cells show the median busbw in GB/s (min-max). Every size was "

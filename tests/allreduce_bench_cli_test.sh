@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-launch=("$mpiexec" -np 2 --oversubscribe --mca btl self,vader)
+launch=("$mpiexec" -np 2 --oversubscribe --mca btl "self,vader")
 [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
 
 # expect_error "text the output must contain" bench-args...
