@@ -120,10 +120,16 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
   }
   for (int i = num_layers() - 1; i >= first_with_params; --i) {
     const auto index = static_cast<size_t>(i);
-    Tensor* dx = i > first_with_params ? &dacts_[index] : nullptr;
-    layers_[index]->backward(acts_[index], acts_[index + 1], dacts_[index + 1], dx, ctx);
+    Layer& layer = *layers_[index];
     const auto [begin, end] = layer_ranges_[index];
-    if (end > begin && on_grad_ready) on_grad_ready(GradRange{i, begin, end});
+    // Parameter gradients first, reported at once, so their averaging overlaps dx's computation.
+    if (end > begin) {
+      layer.backward_params(acts_[index], acts_[index + 1], dacts_[index + 1], ctx);
+      if (on_grad_ready) on_grad_ready(GradRange{i, begin, end});
+    }
+    if (i > first_with_params) {
+      layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
+    }
   }
 }
 

@@ -36,10 +36,20 @@ class Layer {
   }
   // x: [B, ...input], y: [B, ...output] (resized by the layer as needed).
   virtual void forward(const Tensor& x, Tensor& y, Context& ctx) = 0;
-  // Writes the parameter gradients, and dx when it is not null (the first layer gets null).
-  // A layer may turn *dx into a view (Flatten does) instead of writing into it.
-  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
-                        Context& ctx) = 0;
+  // Backward is two calls, so that a layer's parameter gradients can be handed to the
+  // gradient averaging before its input gradient is computed (that is more computation for
+  // the communication to hide behind). Both read what forward saved.
+  // Writes the parameter gradients; layers without parameters have nothing to do.
+  virtual void backward_params(const Tensor& x, const Tensor& y, const Tensor& dy, Context& ctx) {
+    (void)x;
+    (void)y;
+    (void)dy;
+    (void)ctx;
+  }
+  // Writes dx, resizing it as needed; called only when some earlier layer has parameters.
+  // A layer may turn dx into a view (Flatten does) instead of writing into it.
+  virtual void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                              Context& ctx) = 0;
 };
 
 }  // namespace ringtrain

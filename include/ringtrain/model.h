@@ -3,8 +3,9 @@
 // The flat layout is in *backward* order: the last layer's parameters come first. Backward
 // produces gradients from the last layer to the first, so the gradients that are ready form a
 // growing prefix [0, end) of the gradient buffer, and a fusion bucket is simply a contiguous
-// range of it: the ring can reduce it in place with no packing copy. After each layer's
-// backward the model reports the range it just finished through the grad-ready callback.
+// range of it: the ring can reduce it in place with no packing copy. As soon as a layer's
+// parameter gradients are written (before its input gradient), the model reports the range
+// through the grad-ready callback.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +51,8 @@ class Model {
   // x: [B, ...input]. Returns the logits [B, classes]; valid until the next forward.
   const Tensor& forward(const Tensor& x, Context& ctx);
   // dlogits: [B, classes] for the batch of the last forward. Calls on_grad_ready (if set)
-  // after each layer that has parameters, in backward order.
+  // for each layer that has parameters, in backward order, as soon as that layer's parameter
+  // gradients are written and before its input gradient is computed.
   void backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready = {});
 
   Tensor& params() { return params_; }

@@ -13,7 +13,8 @@ namespace ringtrain {
 template <typename T>
 void dense_forward(const T* x, const T* w, const T* b, T* y, int64_t batch, int64_t in,
                    int64_t out);
-// dw[in,out] = x^T dy; db[out] = column sums of dy; dx[B,in] = dy w^T (skipped when dx is null).
+// dw[in,out] = x^T dy and db[out] = column sums of dy (skipped when dw is null);
+// dx[B,in] = dy w^T (skipped when dx is null).
 template <typename T>
 void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, int64_t batch,
                     int64_t in, int64_t out);
@@ -35,8 +36,8 @@ bool conv2d_uses_im2col(int64_t cin, int64_t cout);
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* b, T* y, T* cols, int64_t batch,
                     int64_t height, int64_t width, int64_t cin, int64_t cout);
-// The im2col path expects cols to still hold forward's im2col of x. dx null: the first layer,
-// whose input needs no gradient.
+// The im2col path expects cols to still hold forward's im2col of x. dw (with db) and dx may
+// each be null to skip that part: the first layer needs no dx.
 template <typename T>
 void conv2d_backward(const T* x, const T* cols, const T* w, const T* dy, T* dw, T* db, T* dx,
                      T* dcols, int64_t batch, int64_t height, int64_t width, int64_t cin,

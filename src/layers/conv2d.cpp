@@ -295,15 +295,17 @@ void conv2d_backward(const T* x, const T* cols, const T* w, const T* dy, T* dw, 
                      T* dcols, int64_t batch, int64_t height, int64_t width, int64_t cin,
                      int64_t cout) {
   if (const auto* direct = find_direct<T>(cin, cout)) {
-    direct->backward_weights(x, dy, dw, db, batch, height, width);
+    if (dw != nullptr) direct->backward_weights(x, dy, dw, db, batch, height, width);
     if (dx != nullptr) direct->backward_input(w, dy, dx, batch, height, width);
     return;
   }
   const int64_t pixels = batch * height * width;
   ConstMatrixMap<T> dy_m(dy, pixels, cout);
   ConstMatrixMap<T> cols_m(cols, pixels, kTaps * cin);
-  MatrixMap<T>(dw, kTaps * cin, cout).noalias() = cols_m.transpose() * dy_m;
-  RowVectorMap<T>(db, cout) = dy_m.colwise().sum();
+  if (dw != nullptr) {
+    MatrixMap<T>(dw, kTaps * cin, cout).noalias() = cols_m.transpose() * dy_m;
+    RowVectorMap<T>(db, cout) = dy_m.colwise().sum();
+  }
   if (dx != nullptr) {
     MatrixMap<T>(dcols, pixels, kTaps * cin).noalias() =
         dy_m * ConstMatrixMap<T>(w, kTaps * cin, cout).transpose();
@@ -356,16 +358,16 @@ class Conv2D final : public Layer {
     conv2d_forward(x.data(), w_.data(), b_.data(), y.data(), cols_.data(), batch, height, width,
                    cin_, cout_);
   }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, Context&) override {
-    const int64_t batch = x.dim(0), height = x.dim(1), width = x.dim(2);
-    float* dx_data = nullptr;
-    if (dx != nullptr) {
-      dx->resize(x.shape());
-      if (im2col_) dcols_.resize(cols_.shape());
-      dx_data = dx->data();
-    }
-    conv2d_backward(x.data(), cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(), dx_data,
-                    dcols_.data(), batch, height, width, cin_, cout_);
+  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&) override {
+    conv2d_backward<float>(x.data(), cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(),
+                           nullptr, nullptr, x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
+  }
+  void backward_input(const Tensor& x, const Tensor&, const Tensor& dy, Tensor& dx,
+                      Context&) override {
+    dx.resize(x.shape());
+    if (im2col_) dcols_.resize(cols_.shape());
+    conv2d_backward<float>(x.data(), cols_.data(), w_.data(), dy.data(), nullptr, nullptr,
+                           dx.data(), dcols_.data(), x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
   }
 
  private:

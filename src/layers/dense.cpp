@@ -29,8 +29,10 @@ void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, in
                     int64_t in, int64_t out) {
   ConstMatrixMap<T> x_m(x, batch, in);
   ConstMatrixMap<T> dy_m(dy, batch, out);
-  MatrixMap<T>(dw, in, out).noalias() = x_m.transpose() * dy_m;
-  RowVectorMap<T>(db, out) = dy_m.colwise().sum();
+  if (dw != nullptr) {
+    MatrixMap<T>(dw, in, out).noalias() = x_m.transpose() * dy_m;
+    RowVectorMap<T>(db, out) = dy_m.colwise().sum();
+  }
   if (dx != nullptr) {
     MatrixMap<T>(dx, batch, in).noalias() = dy_m * ConstMatrixMap<T>(w, in, out).transpose();
   }
@@ -38,12 +40,12 @@ void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, in
 
 template void dense_forward<float>(const float*, const float*, const float*, float*, int64_t,
                                    int64_t, int64_t);
-template void dense_forward<double>(const double*, const double*, const double*, double*,
-                                    int64_t, int64_t, int64_t);
+template void dense_forward<double>(const double*, const double*, const double*, double*, int64_t,
+                                    int64_t, int64_t);
 template void dense_backward<float>(const float*, const float*, const float*, float*, float*,
                                     float*, int64_t, int64_t, int64_t);
-template void dense_backward<double>(const double*, const double*, const double*, double*,
-                                     double*, double*, int64_t, int64_t, int64_t);
+template void dense_backward<double>(const double*, const double*, const double*, double*, double*,
+                                     double*, int64_t, int64_t, int64_t);
 
 namespace {
 
@@ -73,15 +75,15 @@ class Dense final : public Layer {
     y.resize(Shape{batch, out_});
     dense_forward(x.data(), w_.data(), b_.data(), y.data(), batch, in_, out_);
   }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, Context&) override {
-    const int64_t batch = x.dim(0);
-    float* dx_data = nullptr;
-    if (dx != nullptr) {
-      dx->resize(x.shape());
-      dx_data = dx->data();
-    }
-    dense_backward(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), dx_data, batch, in_,
-                   out_);
+  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&) override {
+    dense_backward<float>(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr, x.dim(0),
+                          in_, out_);
+  }
+  void backward_input(const Tensor& x, const Tensor&, const Tensor& dy, Tensor& dx,
+                      Context&) override {
+    dx.resize(x.shape());
+    dense_backward<float>(x.data(), w_.data(), dy.data(), nullptr, nullptr, dx.data(), x.dim(0),
+                          in_, out_);
   }
 
  private:

@@ -14,8 +14,9 @@ class Flatten final : public Layer {
     const int64_t batch = x.dim(0);
     y = x.reshaped(Shape{batch, x.numel() / batch});
   }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, Context&) override {
-    if (dx != nullptr) *dx = dy.reshaped(x.shape());
+  void backward_input(const Tensor& x, const Tensor&, const Tensor& dy, Tensor& dx,
+                      Context&) override {
+    dx = dy.reshaped(x.shape());
   }
 };
 

@@ -113,11 +113,10 @@ class MaxPool2D final : public Layer {
     y.resize(Shape{x.dim(0), x.dim(1) / 2, x.dim(2) / 2, x.dim(3)});
     maxpool2d_forward(x.data(), y.data(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
   }
-  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
-                Context&) override {
-    if (dx == nullptr) return;
-    dx->resize(x.shape());
-    maxpool2d_backward(x.data(), y.data(), dy.data(), dx->data(), x.dim(0), x.dim(1), x.dim(2),
+  void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                      Context&) override {
+    dx.resize(x.shape());
+    maxpool2d_backward(x.data(), y.data(), dy.data(), dx.data(), x.dim(0), x.dim(1), x.dim(2),
                        x.dim(3));
   }
 };

@@ -29,10 +29,10 @@ class Relu final : public Layer {
     y.resize(x.shape());
     relu_forward(x.data(), y.data(), x.numel());
   }
-  void backward(const Tensor&, const Tensor& y, const Tensor& dy, Tensor* dx, Context&) override {
-    if (dx == nullptr) return;
-    dx->resize(y.shape());
-    relu_backward(y.data(), dy.data(), dx->data(), y.numel());
+  void backward_input(const Tensor&, const Tensor& y, const Tensor& dy, Tensor& dx,
+                      Context&) override {
+    dx.resize(y.shape());
+    relu_backward(y.data(), dy.data(), dx.data(), y.numel());
   }
 };
 
