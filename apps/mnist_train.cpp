@@ -1,5 +1,7 @@
-// mnist_train: trains the source documents' MNIST models (mlp, cnn) on one process.
-// The loop lives here, in plain sight: sample a batch, step, log, evaluate, summarise.
+// mnist_train: trains the source documents' MNIST models (mlp, cnn), data-parallel over the
+// ranks of `mpirun -np N` (or on one process without mpirun). The loop lives here, in plain
+// sight: take this rank's share of the global batch, step (the ring averages the gradients
+// while backward runs), log, evaluate, summarise.
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -8,9 +10,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ringtrain/bucketer.h"
 #include "ringtrain/check.h"
 #include "ringtrain/data.h"
+#include "ringtrain/distributed.h"
 #include "ringtrain/log.h"
+#include "ringtrain/mpi_comm.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/report.h"
@@ -40,6 +45,13 @@ struct Options {
   std::string metrics_out;
   std::string save_params;
   std::string log_level = "info";
+  std::string allreduce = "ring";
+  bool no_overlap = false;
+  double fusion_threshold_mb = 4.0;
+  double first_bucket_mb = 0.25;
+  std::string lr_scaling = "none";
+  int64_t check_replicas = 0;
+  double test_comm_delay_ms = 0.0;
 };
 
 void add_flags(CLI::App& app, Options& o) {
@@ -89,22 +101,65 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--save-params", o.save_params,
                  "Write the final flat parameter buffer here (RTPARAMS format)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error");
+  app.add_option("--allreduce", o.allreduce, "Gradient averaging: ring (ours) or mpi (MPI_Allreduce)")
+      ->check(CLI::IsMember({"ring", "mpi"}));
+  app.add_flag("--no-overlap", o.no_overlap,
+               "Average all gradients after backward instead of while it runs (the baseline)");
+  app.add_option("--fusion-threshold-mb", o.fusion_threshold_mb,
+                 "Gradient bucket size in MB (0: one bucket for everything)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb,
+                 "Size of the first (last layers') bucket in MB: small, so communication starts "
+                 "early")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-scaling", o.lr_scaling,
+                 "linear: the rate ramps from --lr to --lr x ranks over --warmup-epochs or "
+                 "--warmup-steps (Goyal et al.)")
+      ->check(CLI::IsMember({"none", "linear"}));
+  app.add_option("--check-replicas", o.check_replicas,
+                 "Every K steps (and at the end), check that all ranks hold identical "
+                 "parameters (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-comm-delay-ms", o.test_comm_delay_ms,
+                 "Testing only: sleep this long before each bucket's reduction")
+      ->group("")
+      ->check(CLI::NonNegativeNumber);
 }
 
 // Evaluates the test set with the given weights in the model (restoring the trained ones).
-EvalResult evaluate_test(Model& model, const Dataset& test, const Options& o,
+// Evaluates the test set, split over the ranks, with the EMA weights when there are any
+// (restoring the trained ones after).
+EvalResult evaluate_test(Comm& comm, Model& model, const Dataset& test, const Options& o,
                          const WeightEma* ema, Batch& scratch, Context& ctx) {
-  if (ema == nullptr) return evaluate(model, test, 0, test.count, o.eval_batch, scratch, ctx);
+  if (ema == nullptr) return evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
   Tensor& params = model.params();
   std::vector<float> trained(params.data(), params.data() + params.numel());
   std::copy(ema->shadow().begin(), ema->shadow().end(), params.data());
-  EvalResult result = evaluate(model, test, 0, test.count, o.eval_batch, scratch, ctx);
+  EvalResult result = evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
   std::copy(trained.begin(), trained.end(), params.data());
   return result;
 }
 
-int run(const Options& o) {
-  setup_logging(0, o.log_level);
+// Means per step of the step's parts, in milliseconds.
+struct StepTimes {
+  double compute_ms = 0, comm_ms = 0, exposed_ms = 0;
+  int64_t steps = 0;
+  void add(double step_ms, const CommStats& comm) {
+    compute_ms += step_ms - comm.exposed_ms;
+    comm_ms += comm.comm_ms;
+    exposed_ms += comm.exposed_ms;
+    ++steps;
+  }
+  double mean(double total) const { return steps ? total / static_cast<double>(steps) : 0.0; }
+  // 1 - exposed / communication: the share of communication hidden behind computation.
+  double overlap_efficiency() const { return comm_ms > 0 ? 1.0 - exposed_ms / comm_ms : 0.0; }
+};
+
+int run(const Options& o, Comm& comm) {
+  const int rank = comm.rank(), ranks = comm.size();
+  // Every rank logs warnings and errors; progress comes from rank 0 only.
+  setup_logging(rank, o.log_level);
+  if (rank != 0 && spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
   set_cpu_threads(o.threads);
   Context ctx;
   ctx.threads = o.threads;
@@ -118,17 +173,30 @@ int run(const Options& o) {
   ModelSpec spec{.name = o.model, .hidden = o.hidden, .height = data.train.rows,
                  .width = data.train.cols, .classes = 10};
   std::unique_ptr<Model> model = make_model(spec);
-  model->init_params(o.seed);
+  // The chief initialises; everyone starts from its bits.
+  if (rank == 0) model->init_params(o.seed);
+  broadcast_params(comm, *model);
   spdlog::info("model {}:\n{}", o.model, model->summary());
 
-  const int64_t steps_per_epoch = data.train.count / o.batch_size;
-  RINGTRAIN_CHECK(steps_per_epoch >= 1, "--batch-size {} is larger than the {} training images",
-                  o.batch_size, data.train.count);
+  const int64_t global_batch = o.batch_size * ranks;
+  const int64_t steps_per_epoch = data.train.count / global_batch;
+  RINGTRAIN_CHECK(steps_per_epoch >= 1,
+                  "the global batch ({} ranks x --batch-size {}) is larger than the {} training "
+                  "images",
+                  ranks, o.batch_size, data.train.count);
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * steps_per_epoch;
 
   LrSchedule schedule = o.schedule;
-  schedule.global_batch = o.batch_size;
-  if (schedule.reference_batch == 0) schedule.reference_batch = o.batch_size;
+  if (o.lr_scaling == "linear") {
+    RINGTRAIN_CHECK(schedule.kind == "constant" || schedule.kind == "linear-warmup",
+                    "--lr-scaling linear ramps the rate itself; it cannot be combined with "
+                    "--lr-schedule {}",
+                    schedule.kind);
+    schedule.kind = "linear-warmup";
+    schedule.reference_batch = o.batch_size;  // the target is --lr x ranks
+  }
+  schedule.global_batch = global_batch;
+  if (schedule.reference_batch == 0) schedule.reference_batch = global_batch;
   if (o.warmup_epochs > 0) {
     schedule.warmup_steps = static_cast<int64_t>(o.warmup_epochs * static_cast<double>(steps_per_epoch));
   }
@@ -139,16 +207,36 @@ int run(const Options& o) {
     ema.emplace(o.ema_decay, std::span<const float>(model->params().data(),
                                                     static_cast<size_t>(model->num_params())));
   }
-  MetricsWriter metrics = o.metrics_out.empty() ? MetricsWriter() : MetricsWriter(o.metrics_out);
-  spdlog::info("training: {} steps ({} per epoch), batch {}, global batch {}, {} lr {} ({}), "
-               "{} thread(s), seed {}",
-               total_steps, steps_per_epoch, o.batch_size, o.batch_size, optimizer->name(),
+  // Only the chief writes files; the others would write the same lines.
+  MetricsWriter metrics =
+      o.metrics_out.empty() || rank != 0 ? MetricsWriter() : MetricsWriter(o.metrics_out);
+  const auto mb_to_elements = [](double mb) { return static_cast<int64_t>(mb * 1e6 / 4.0); };
+  RingScratch ring_scratch;
+  // One rank has nothing to average: no bucketer, no communication thread.
+  std::optional<GradBucketer> bucketer;
+  if (ranks > 1 || o.test_comm_delay_ms > 0) {
+    bucketer.emplace(model->grads().data(),
+                     assign_buckets(gradient_ranges(*model), mb_to_elements(o.first_bucket_mb),
+                                    mb_to_elements(o.fusion_threshold_mb)),
+                     make_bucket_reduce(comm, o.allreduce, ring_scratch, o.test_comm_delay_ms),
+                     !o.no_overlap);
+  }
+  const int64_t bucket_count = bucketer ? static_cast<int64_t>(bucketer->buckets().size()) : 0;
+  spdlog::info("training: {} steps ({} per epoch), {} rank(s) x batch {} = global batch {}, {} "
+               "lr {} ({}), {} thread(s) per rank, seed {}",
+               total_steps, steps_per_epoch, ranks, o.batch_size, global_batch, optimizer->name(),
                schedule.base_lr, schedule.kind, o.threads, o.seed);
+  if (bucketer) {
+    spdlog::info("gradients: {} bucket(s) averaged by {} {}", bucket_count, o.allreduce,
+                 o.no_overlap ? "after backward (--no-overlap)" : "while backward runs");
+  }
 
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
   StepWorkspace workspace;
-  ProgressBar progress(total_steps);
+  ProgressBar progress(rank == 0 ? total_steps : 0);
+  const bool show_progress = rank == 0 && progress.enabled();
+  StepTimes times;
   double train_seconds = 0.0, window_loss = 0.0, last_loss = 0.0;
   int64_t window_correct = 0, window_samples = 0, window_steps = 0;
   const std::span<float> params(model->params().data(), static_cast<size_t>(model->num_params()));
@@ -156,14 +244,16 @@ int run(const Options& o) {
   for (int64_t step = 0; step < total_steps; ++step) {
     const auto start = Clock::now();
     const int64_t epoch = step / steps_per_epoch;
-    const auto order = sampler.order(epoch);
-    const auto indices = order.subspan(
-        static_cast<size_t>((step % steps_per_epoch) * o.batch_size), static_cast<size_t>(o.batch_size));
+    const auto indices =
+        rank_batch(sampler.order(epoch), step % steps_per_epoch, o.batch_size, rank, ranks);
     make_batch(data.train, indices, batch.images, batch.labels);
     const float lr = learning_rate(schedule, step);
-    const StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx);
+    const StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
+                                       bucketer ? &*bucketer : nullptr);
     if (ema) ema->update(params);
-    train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    train_seconds += step_seconds;
+    times.add(step_seconds * 1000.0, stats.comm);
 
     RINGTRAIN_CHECK(std::isfinite(stats.loss),
                     "the loss became {} at step {}: lower --lr (now {}) or check the data",
@@ -174,15 +264,18 @@ int run(const Options& o) {
     ++window_steps;
     last_loss = stats.loss;
     const int64_t done = step + 1;
-    progress.update(done, fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
-                                      static_cast<double>(done * o.batch_size) / train_seconds));
+    if (o.check_replicas > 0 && done % o.check_replicas == 0) check_replicas(comm, *model, done);
+    if (show_progress) {
+      progress.update(done, fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
+                                        static_cast<double>(done * global_batch) / train_seconds));
+    }
     if (o.log_every > 0 && (done % o.log_every == 0 || done == total_steps)) {
       const double mean_loss = window_loss / static_cast<double>(window_steps);
       const double accuracy = static_cast<double>(window_correct) / static_cast<double>(window_samples);
-      if (!progress.enabled()) {
+      if (!show_progress) {
         spdlog::info("step {}/{} epoch {} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s",
                      done, total_steps, epoch + 1, mean_loss, accuracy, lr,
-                     static_cast<double>(done * o.batch_size) / train_seconds);
+                     static_cast<double>(done * global_batch) / train_seconds);
       }
       metrics.write("train", {{"step", done}, {"epoch", epoch + 1}, {"loss", mean_loss},
                               {"train_accuracy", accuracy}, {"lr", static_cast<double>(lr)}});
@@ -190,26 +283,33 @@ int run(const Options& o) {
       window_correct = window_samples = window_steps = 0;
     }
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != total_steps) {
-      const EvalResult eval = evaluate_test(*model, data.test, o, ema ? &*ema : nullptr,
+      const EvalResult eval = evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr,
                                             eval_scratch, ctx);
-      if (!progress.enabled()) {
+      if (!show_progress) {
         spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", done, eval.accuracy(), eval.mean_loss());
       }
       metrics.write("eval", {{"step", done}, {"test_accuracy", eval.accuracy()},
                              {"test_loss", eval.mean_loss()}});
     }
   }
-  progress.finish();
+  if (show_progress) progress.finish();
+  check_replicas(comm, *model, total_steps);  // always once: replicas must end identical
 
-  const EvalResult eval = evaluate_test(*model, data.test, o, ema ? &*ema : nullptr,
+  const EvalResult eval = evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr,
                                         eval_scratch, ctx);
-  const double images_per_sec = static_cast<double>(total_steps * o.batch_size) / train_seconds;
+  // Every rank waits for the slowest at each step, so rank 0's clock is the job's.
+  const double images_per_sec = static_cast<double>(total_steps * global_batch) / train_seconds;
   const double step_ms = train_seconds * 1000.0 / static_cast<double>(total_steps);
   spdlog::info("summary: test accuracy {:.4f}{} ({} / {}), test loss {:.4f}, last batch loss {:.4f}",
                eval.accuracy(), ema ? " (EMA weights)" : "", eval.correct, eval.samples,
                eval.mean_loss(), last_loss);
   spdlog::info("summary: {} steps in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB",
                total_steps, train_seconds, images_per_sec, step_ms, peak_rss_mb());
+  spdlog::info("summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
+               "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
+               times.mean(times.compute_ms), times.mean(times.comm_ms),
+               times.mean(times.exposed_ms), times.overlap_efficiency() * 100.0, ranks,
+               o.no_overlap ? "--no-overlap" : "overlapped");
   metrics.write("summary", {{"test_accuracy", eval.accuracy()},
                             {"images_per_sec", images_per_sec},
                             {"step_ms", step_ms},
@@ -219,14 +319,22 @@ int run(const Options& o) {
                             {"last_loss", last_loss},
                             {"model", o.model},
                             {"batch_size", o.batch_size},
-                            {"global_batch", o.batch_size},
-                            {"ranks", int64_t{1}},
+                            {"global_batch", global_batch},
+                            {"world_size", int64_t{ranks}},
+                            {"ranks", int64_t{ranks}},
+                            {"compute_ms", times.mean(times.compute_ms)},
+                            {"comm_ms", times.mean(times.comm_ms)},
+                            {"exposed_comm_ms", times.mean(times.exposed_ms)},
+                            {"overlap_efficiency", times.overlap_efficiency()},
+                            {"overlap", !o.no_overlap},
+                            {"allreduce", o.allreduce},
+                            {"buckets", bucket_count},
                             {"threads", int64_t{o.threads}},
                             {"ema", ema.has_value()},
                             {"params", model->num_params()},
                             {"peak_rss_mb", peak_rss_mb()},
                             {"data_dir", data_dir}});
-  if (!o.save_params.empty()) {
+  if (!o.save_params.empty() && rank == 0) {
     save_params(o.save_params, params);
     spdlog::info("saved {} parameters to {}", params.size(), o.save_params);
   }
@@ -236,14 +344,24 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ringtrain mnist_train: data-parallel MNIST training"};
+  CLI::App app{"ringtrain mnist_train: data-parallel MNIST training (mpirun -np N mnist_train)"};
   Options options;
   add_flags(app, options);
   CLI11_PARSE(app, argc, argv);
+  // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.
+  MpiSession session(&argc, &argv);
+  int rank = 0, ranks = 1;
   try {
-    return run(options);
+    MpiComm comm;
+    rank = comm.rank();
+    ranks = comm.size();
+    return run(options, comm);
   } catch (const std::exception& error) {
     spdlog::error("{}", error.what());
+    if (ranks > 1) {
+      spdlog::error("rank {} of {} failed; ending the whole job", rank, ranks);
+      MpiSession::abort_job(1);  // so no other rank waits forever on this one
+    }
     return 1;
   }
 }

@@ -18,7 +18,7 @@ static_assert(std::endian::native == std::endian::little,
               "the parameter file is little-endian; add byte swapping for big-endian hosts");
 
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx, const GradReadyFn& on_grad_ready) {
+                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer) {
   const Tensor& logits = model.forward(batch.images, ctx);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
@@ -26,7 +26,14 @@ StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, flo
   stats.samples = rows;
   stats.loss = softmax_xent(logits.data(), batch.labels.data(), workspace.dlogits.data(), rows,
                             classes, &stats.correct);
-  model.backward(workspace.dlogits, ctx, on_grad_ready);
+  if (bucketer != nullptr) {
+    bucketer->begin_backward();
+    model.backward(workspace.dlogits, ctx,
+                   [bucketer](const GradRange& range) { bucketer->mark_ready(range); });
+    stats.comm = bucketer->wait();
+  } else {
+    model.backward(workspace.dlogits, ctx);
+  }
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
   optimizer.step({params.data(), static_cast<size_t>(params.numel())},

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "ringtrain/bucketer.h"
 #include "ringtrain/data.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
@@ -25,15 +26,17 @@ struct StepStats {
   double loss = 0.0;    // mean over the batch
   int64_t correct = 0;  // rows whose arg-max matched the label
   int64_t samples = 0;
+  CommStats comm;       // zero without a bucketer
 };
 
 struct StepWorkspace {
   Tensor dlogits;  // [B, classes]
 };
 
+// With a bucketer, each layer's gradients are handed to it as backward finishes them and the
+// optimizer steps only after bucketer->wait(): on averaged gradients, the same on every rank.
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx,
-                     const GradReadyFn& on_grad_ready = {});
+                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer = nullptr);
 
 struct EvalResult {
   int64_t correct = 0;

@@ -1,0 +1,40 @@
+// What data parallelism adds around the training step: the distributed sampler's shard, the
+// initial broadcast, evaluation split over the ranks, and the replica check.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "ringtrain/comm.h"
+#include "ringtrain/ring.h"
+#include "ringtrain/train.h"
+
+namespace ringtrain {
+
+// The distributed sampler. Every rank shuffles the same epoch order (same seed, same epoch);
+// step s of an epoch takes the global batch order[s*N*b, (s+1)*N*b) and rank r its slice
+// [r*b, (r+1)*b). So N ranks with batch b see, step for step, exactly the samples that one
+// rank with batch N*b sees, and every rank runs the same number of steps per epoch:
+// floor(count / (N*b)) (the last partial global batch is dropped).
+std::span<const int64_t> rank_batch(std::span<const int64_t> epoch_order, int64_t step_in_epoch,
+                                    int64_t batch_per_rank, int rank, int ranks);
+
+// Rank `root`'s parameters, bit for bit, on every rank.
+void broadcast_params(Comm& comm, Model& model, int root = 0);
+
+// Each rank evaluates its contiguous share of data (rank r: [r*T/N, (r+1)*T/N)); the counts
+// and loss sums are added over ranks, so every rank returns the result for the whole set.
+EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64_t batch_size,
+                            Batch& scratch, Context& ctx);
+
+// Compares a hash of every parameter tensor across ranks. Throws (on every rank, with the same
+// message) naming the ranks that differ from rank 0 and the first parameter that differs.
+void check_replicas(Comm& comm, const Model& model, int64_t step);
+
+// The bucket reduction for the overlap engine: average in place with the ring ("ring") or the
+// library's allreduce ("mpi"). delay_ms > 0 sleeps that long per bucket first: a slowed
+// transport for the overlap tests, never for real runs.
+GradBucketer::ReduceFn make_bucket_reduce(Comm& comm, const std::string& algorithm,
+                                          RingScratch& scratch, double delay_ms);
+
+}  // namespace ringtrain
