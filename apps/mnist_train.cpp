@@ -52,6 +52,7 @@ struct Options {
   std::string lr_scaling = "none";
   int64_t check_replicas = 0;
   double test_comm_delay_ms = 0.0;
+  int test_perturb_rank = -1;
 };
 
 void add_flags(CLI::App& app, Options& o) {
@@ -124,6 +125,10 @@ void add_flags(CLI::App& app, Options& o) {
                  "Testing only: sleep this long before each bucket's reduction")
       ->group("")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-perturb-rank", o.test_perturb_rank,
+                 "Testing only: after the first step, nudge one parameter on this rank so that "
+                 "the replica check must catch it")
+      ->group("");
 }
 
 // Evaluates the test set with the given weights in the model (restoring the trained ones).
@@ -264,6 +269,7 @@ int run(const Options& o, Comm& comm) {
     ++window_steps;
     last_loss = stats.loss;
     const int64_t done = step + 1;
+    if (done == 1 && rank == o.test_perturb_rank) params.back() += 1e-3f;
     if (o.check_replicas > 0 && done % o.check_replicas == 0) check_replicas(comm, *model, done);
     if (show_progress) {
       progress.update(done, fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
