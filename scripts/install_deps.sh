@@ -12,6 +12,7 @@ packages=(
   libcli11-dev                    # flags
   zlib1g-dev                      # .gz data files
   dataset-fashion-mnist           # the default data: /usr/share/datasets/fashion-mnist
+  iproute2                        # ip, tc: the emulated cluster (scripts/netns_cluster.sh)
 )
 
 missing=()
