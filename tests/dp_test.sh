@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Data parallelism end to end, under mpirun as an operator runs it:
+#  (a) N ranks x batch b train the same weights as 1 rank x batch N*b (ring, MPI_Allreduce,
+#      and --no-overlap, which must be bit-identical to the overlapped run);
+#  (b) the replica check passes, and catches a rank that drifts and ends the whole job;
+#  (c) communication really hides behind backward (and does not with --no-overlap);
+#  (d) 2 ranks reach the accuracy bar of the 1-rank test;
+#  (e) a failure, on every rank or on one, ends the job, naming its cause.
+# Usage: dp_test.sh MPIRUN MNIST_TRAIN PARAMS_COMPARE NUMPROC_FLAG [MPIRUN FLAGS...]
+# (CMake passes the same mpirun flags as ringtrain_add_mpi_test: --oversubscribe, self,vader.)
+set -uo pipefail
+mpirun=$1 trainer=$2 compare=$3 np_flag=$4
+shift 4
+mpi_flags=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# The default data is Fashion-MNIST unless $RINGTRAIN_DATA or ./data/mnist says otherwise.
+unset RINGTRAIN_DATA
+cd "$work" || exit 1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "PASS: $*"; }
+
+# launch NP trainer-flags...: mpirun -np NP mnist_train flags (stdin closed).
+launch() {
+  local np=$1
+  shift
+  "$mpirun" "$np_flag" "$np" "${mpi_flags[@]}" "$trainer" "$@" </dev/null
+}
+# field FILE KEY: KEY's value in the summary line (the last line) of a --metrics-out file.
+field() { tail -n 1 "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
+# check 'awk condition' on numbers a, b, c...: exit status 0 when it holds.
+check() {
+  local condition=$1
+  shift
+  awk -v a="${1:-}" -v b="${2:-}" -v c="${3:-}" "BEGIN { exit !($condition) }"
+}
+seconds_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
+# compare_params WHAT A B [params_compare flags]: runs params_compare, echoes its numbers line.
+compare_params() {
+  local what=$1 a=$2 b=$3
+  shift 3
+  local out
+  if out=$("$compare" "$a" "$b" "$@" 2>&1); then
+    pass "$what: $(head -n 1 <<<"$out")"
+  else
+    fail "$what: $out"
+  fi
+}
+
+# ---- (a) equivalence: the distributed sampler gives N ranks x b exactly the samples of one
+# rank x N*b, and averaging gradients over ranks equals the gradient of the global batch, so
+# the weights agree up to float rounding (summation order). 25 steps keeps that rounding far
+# from the ReLU kinks that, in longer runs, amplify it (seen: 2e-7 up to 1e-4 at step 42). ----
+sgd=(--steps 25 --seed 3 --optimizer sgd --momentum 0.9 --lr 0.05 --log-every 0 --eval-batch 2000)
+run_params() {  # run_params NAME NP BATCH [flags]: trains, saves $work/NAME.bin
+  local name=$1 np=$2 batch=$3
+  shift 3
+  launch "$np" "${sgd[@]}" --batch-size "$batch" --save-params "$work/$name.bin" "$@" \
+    >"$work/$name.log" 2>&1 || fail "(a) $name exited non-zero: $(tail -n 20 "$work/$name.log")"
+}
+run_params np1 1 96
+run_params np2_ring 2 48 --allreduce ring
+run_params np2_mpi 2 48 --allreduce mpi
+run_params np2_no_overlap 2 48 --allreduce ring --no-overlap
+run_params np3_ring 3 32 --allreduce ring
+compare_params "(a) np=2 x 48 (ring) vs np=1 x 96" "$work/np1.bin" "$work/np2_ring.bin" --rel-tol 1e-5
+compare_params "(a) np=2 x 48 (mpi) vs np=1 x 96" "$work/np1.bin" "$work/np2_mpi.bin" --rel-tol 1e-5
+compare_params "(a) np=3 x 32 (ring) vs np=1 x 96" "$work/np1.bin" "$work/np3_ring.bin" --rel-tol 1e-5
+compare_params "(a) np=2 --no-overlap vs overlapped, bit-identical" "$work/np2_ring.bin" \
+  "$work/np2_no_overlap.bin" --expect-identical
+
+# ---- (b) replicas: identical on every rank; a rank that drifts is caught and ends the job ----
+replicas=(--steps 25 --seed 3 --batch-size 32 --log-every 0 --eval-batch 2000 --check-replicas 5)
+if launch 3 "${replicas[@]}" >"$work/replicas.log" 2>&1; then
+  pass "(b) np=3 --check-replicas 5: replicas identical"
+else
+  fail "(b) np=3 --check-replicas 5 exited non-zero: $(tail -n 20 "$work/replicas.log")"
+fi
+start=$(date +%s.%N)
+timeout -k 10 90 "$mpirun" "$np_flag" 3 "${mpi_flags[@]}" "$trainer" "${replicas[@]}" \
+  --test-perturb-rank 2 </dev/null >"$work/perturbed.log" 2>&1
+status=$?
+took=$(seconds_since "$start")
+# The error line names the drifted rank(s) ("rank(s) 2 hold parameters that differ"); the
+# "[rank N]" log tags are removed first so that they cannot match.
+if [ "$status" -eq 0 ]; then
+  fail "(b) --test-perturb-rank 2 exited 0: the replica check missed the drift"
+elif [ "$status" -eq 124 ] || [ "$status" -eq 137 ] || check 'a >= 60' "$took"; then
+  fail "(b) --test-perturb-rank 2: the job did not end within 60 s (${took} s, status $status)"
+elif ! grep 'diverged' "$work/perturbed.log" | sed 's/\[rank [0-9]*\]//g' |
+    grep -qE 'rank(\(s\)|s)? 2([^0-9]|$)'; then
+  fail "(b) --test-perturb-rank 2: no 'diverged' line naming rank 2: $(tail -n 20 "$work/perturbed.log")"
+else
+  pass "(b) --test-perturb-rank 2: exit $status after ${took} s: $(grep -m 1 -o 'replicas diverged[^;]*' "$work/perturbed.log")"
+fi
+
+# ---- (c) overlap: with a slowed transport (--test-comm-delay-ms sleeps before each bucket's
+# reduction, using no CPU) the overlapped run hides most of the communication behind backward;
+# --no-overlap hides none of it. The configuration makes the sleeps dominate and backward long:
+#  - 8 narrow hidden layers cut into 9 buckets (one per layer, the small first bucket holding
+#    only the output layer): only the last bucket, ready when backward ends, is always
+#    exposed, so the ideal efficiency is about 8/9;
+#  - a large per-rank batch (2048) gives backward ~60+ ms of real work per step against only
+#    0.66 M gradients (2.6 MB: the real reductions take a few ms), so the 9 x 5 ms of delays
+#    fit inside backward with 1.5x+ to spare.
+# (One wide bucket after a small first one, e.g. --hidden 2048,2048,2048 --fusion-threshold-mb
+# 0, cannot pass: its big last bucket is always exposed, capping efficiency near 0.5.)
+# Measured on the 2-core test machine: efficiency 0.70-0.92 overlapped with other work on the
+# machine; 0.60 once with three CPU burners beside it; 0 with --no-overlap. Rank imbalance
+# counts as exposed (rank 0 waits for a peer that a busy scheduler slowed), so the bar is 0.5
+# and the overlapped run gets a second attempt when the first misses it: an engine that does
+# not overlap scores ~0 every time, so a retry cannot hide that.
+delay_ms=5
+overlap=(--hidden 256,256,256,256,256,256,256,256 --batch-size 2048 --steps 15 --seed 3
+         --fusion-threshold-mb 0.2 --first-bucket-mb 0.01 --test-comm-delay-ms "$delay_ms"
+         --log-every 0 --eval-batch 5000)
+# overlap_run MODE ATTEMPT: runs np=2; sets $numbers and returns 0 when MODE's bar is met,
+# 1 when it is missed ($why says how), 2 when the run itself failed.
+overlap_run() {
+  local mode=$1 attempt=$2 flags=()
+  [ "$mode" = no_overlap ] && flags=(--no-overlap)
+  local metrics="$work/${mode}_$attempt.jsonl" log="$work/${mode}_$attempt.log"
+  numbers="" why=""
+  if ! launch 2 "${overlap[@]}" "${flags[@]}" --metrics-out "$metrics" >"$log" 2>&1 || ! [ -s "$metrics" ]; then
+    why="the run failed: $(tail -n 20 "$log")"
+    return 2
+  fi
+  local buckets comm exposed efficiency
+  buckets=$(field "$metrics" buckets)
+  comm=$(field "$metrics" comm_ms)
+  exposed=$(field "$metrics" exposed_comm_ms)
+  efficiency=$(field "$metrics" overlap_efficiency)
+  numbers="$buckets buckets, comm ${comm} ms, exposed ${exposed} ms per step, efficiency ${efficiency}"
+  # Every bucket's delay lies inside its reduction, so comm_ms holds at least buckets x delay.
+  if ! check 'a >= 4 && b >= a * c' "$buckets" "$comm" "$delay_ms"; then
+    why="expected >= 4 buckets and comm_ms >= buckets x ${delay_ms} ms"
+    return 1
+  fi
+  if [ "$mode" = overlapped ]; then
+    check 'a >= 0.5 && b <= 0.5 * c' "$efficiency" "$exposed" "$comm" && return 0
+    why="efficiency below 0.5 (exposed not well below comm)"
+  else
+    # Reduced after backward: all of it is exposed, by construction.
+    check 'a <= 0.05 && a >= -0.05' "$efficiency" && return 0
+    why="efficiency should be ~0 (exposed == comm)"
+  fi
+  return 1
+}
+for attempt in 1 2; do
+  overlap_run overlapped "$attempt"
+  result=$?
+  if [ "$result" -eq 0 ]; then
+    pass "(c) overlapped np=2 (attempt $attempt): $numbers"
+    break
+  elif [ "$result" -eq 1 ] && [ "$attempt" -eq 1 ]; then
+    echo "note: (c) overlapped attempt 1 missed the bar on a busy machine ($why: $numbers); retrying"
+  else
+    fail "(c) overlapped np=2 (attempt $attempt): $why${numbers:+: $numbers}"
+    break
+  fi
+done
+if overlap_run no_overlap 1; then
+  pass "(c) --no-overlap np=2: $numbers"
+else
+  fail "(c) --no-overlap np=2: $why${numbers:+: $numbers}"
+fi
+
+# ---- (d) accuracy: 2 ranks x 32 = global batch 64 reach the bar of the 1-rank test in
+# tests/test_train.cpp (400 Adam steps of 64 at lr 1e-3: >= 0.78 on Fashion-MNIST), and so
+# does 1 rank x 64 here. ----
+adam=(--steps 400 --optimizer adam --lr 1e-3 --seed 7 --log-every 0)
+for setup in "2 32" "1 64"; do
+  read -r np batch <<<"$setup"
+  name="accuracy_np$np"
+  launch "$np" "${adam[@]}" --batch-size "$batch" --metrics-out "$work/$name.jsonl" \
+    >"$work/$name.log" 2>&1 || { fail "(d) np=$np exited non-zero: $(tail -n 20 "$work/$name.log")"; continue; }
+  accuracy=$(field "$work/$name.jsonl" test_accuracy)
+  world=$(field "$work/$name.jsonl" world_size)
+  global=$(field "$work/$name.jsonl" global_batch)
+  data=$(field "$work/$name.jsonl" data_dir)
+  numbers="test accuracy $accuracy, world_size $world, global_batch $global, data $data"
+  if ! grep -q "fashion-mnist" <<<"$data"; then
+    fail "(d) np=$np did not train on the default Fashion-MNIST (the bar is for it): $numbers"
+  elif [ "$world" != "$np" ] || [ "$global" != 64 ]; then
+    fail "(d) np=$np x $batch: expected world_size $np and global_batch 64: $numbers"
+  elif check 'a >= 0.78' "$accuracy"; then
+    pass "(d) np=$np x $batch, 400 Adam steps: $numbers"
+  else
+    fail "(d) np=$np x $batch, 400 Adam steps: test accuracy below 0.78: $numbers"
+  fi
+done
+
+# ---- (e) a failure ends the whole job: a data folder whose training images are truncated.
+# First on every rank (all fail alike), then on rank 1 only (mpirun's "A : B" form gives rank 1
+# its own flags), while rank 0 loads good data and goes on to wait for rank 1 in the initial
+# broadcast: the failing rank must take the whole job down, not leave rank 0 waiting. Either
+# way mpirun must return, non-zero, within 60 s, and the output must name the file. ----
+mkdir -p "$work/bad"
+for f in train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  cp /usr/share/datasets/fashion-mnist/$f.gz "$work/bad/"
+done
+gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 100000 \
+  >"$work/bad/train-images-idx3-ubyte"
+short=(--steps 5 --batch-size 32 --log-every 0)
+for where in "every rank" "rank 1 only"; do
+  if [ "$where" = "every rank" ]; then
+    app=("$np_flag" 2 "$trainer" --data-dir "$work/bad" "${short[@]}")
+  else
+    app=("$np_flag" 1 "$trainer" "${short[@]}" : "$np_flag" 1 "$trainer" --data-dir "$work/bad" "${short[@]}")
+  fi
+  start=$(date +%s.%N)
+  timeout -k 10 90 "$mpirun" "${mpi_flags[@]}" "${app[@]}" </dev/null >"$work/bad.log" 2>&1
+  status=$?
+  took=$(seconds_since "$start")
+  what="(e) truncated training images on $where, np=2"
+  if [ "$status" -eq 0 ]; then
+    fail "$what: exited 0"
+  elif [ "$status" -eq 124 ] || [ "$status" -eq 137 ] || check 'a >= 60' "$took"; then
+    fail "$what: the job did not end within 60 s (${took} s, status $status)"
+  elif ! grep -q "train-images-idx3-ubyte" "$work/bad.log"; then
+    fail "$what: the output does not name train-images-idx3-ubyte: $(tail -n 20 "$work/bad.log")"
+  else
+    pass "$what: exit $status after ${took} s, the error names train-images-idx3-ubyte"
+  fi
+done
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all data-parallel checks passed"
