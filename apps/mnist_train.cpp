@@ -221,7 +221,7 @@ int run(const Options& o, Comm& comm) {
   std::optional<GradBucketer> bucketer;
   if (ranks > 1 || o.test_comm_delay_ms > 0) {
     bucketer.emplace(model->grads().data(),
-                     assign_buckets(gradient_ranges(*model), mb_to_elements(o.first_bucket_mb),
+                     assign_buckets(model->grad_ranges(), mb_to_elements(o.first_bucket_mb),
                                     mb_to_elements(o.fusion_threshold_mb)),
                      make_bucket_reduce(comm, o.allreduce, ring_scratch, o.test_comm_delay_ms),
                      !o.no_overlap);

@@ -31,18 +31,6 @@ std::vector<Bucket> assign_buckets(std::span<const GradRange> layer_ranges,
   return buckets;
 }
 
-std::vector<GradRange> gradient_ranges(const Model& model) {
-  std::vector<GradRange> ranges;
-  for (const ParamView& view : model.param_views()) {
-    if (!ranges.empty() && ranges.back().layer == view.layer) {
-      ranges.back().end = view.offset + view.size;
-    } else {
-      ranges.push_back({view.layer, view.offset, view.offset + view.size});
-    }
-  }
-  return ranges;
-}
-
 GradBucketer::GradBucketer(float* grads, std::vector<Bucket> buckets, ReduceFn reduce,
                            bool overlap)
     : grads_(grads), buckets_(std::move(buckets)), reduce_(std::move(reduce)), overlap_(overlap) {

@@ -1,6 +1,7 @@
 // Model: layers over two flat buffers laid out in backward order (see model.h).
 #include "ringtrain/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -9,6 +10,12 @@
 #include "ringtrain/layers.h"
 
 namespace ringtrain {
+
+std::vector<int64_t> Layer::grad_pieces() const {
+  int64_t total = 0;
+  for (const ParamSpec& spec : param_specs()) total += spec.shape.numel();
+  return {total};
+}
 
 Model::Model(const Shape& input) : input_(input), output_(input) {}
 
@@ -122,15 +129,43 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
     const auto index = static_cast<size_t>(i);
     Layer& layer = *layers_[index];
     const auto [begin, end] = layer_ranges_[index];
-    // Parameter gradients first, reported at once, so their averaging overlaps dx's computation.
+    // Parameter gradients first, reported as they are finished (in pieces for a large layer),
+    // so their averaging overlaps the rest of backward, starting with this layer's dx.
     if (end > begin) {
-      layer.backward_params(acts_[index], acts_[index + 1], dacts_[index + 1], ctx);
-      if (on_grad_ready) on_grad_ready(GradRange{i, begin, end});
+      struct Progress {
+        const GradReadyFn* ready;
+        int layer;
+        int64_t begin, reported;
+      } state{&on_grad_ready, i, begin, 0};
+      const GradProgressFn progress = [p = &state](int64_t done) {  // one pointer: no allocation
+        if (*p->ready && done > p->reported) {
+          (*p->ready)(GradRange{p->layer, p->begin + p->reported, p->begin + done});
+        }
+        p->reported = std::max(p->reported, done);
+      };
+      layer.backward_params(acts_[index], acts_[index + 1], dacts_[index + 1], ctx, progress);
+      progress(end - begin);
     }
     if (i > first_with_params) {
       layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
     }
   }
+}
+
+std::vector<GradRange> Model::grad_ranges() const {
+  std::vector<GradRange> ranges;
+  for (int i = num_layers() - 1; i >= 0; --i) {
+    int64_t begin = layer_ranges_[static_cast<size_t>(i)].first;
+    if (layer_ranges_[static_cast<size_t>(i)].second == begin) continue;
+    for (int64_t piece : layers_[static_cast<size_t>(i)]->grad_pieces()) {
+      ranges.push_back({i, begin, begin + piece});
+      begin += piece;
+    }
+    RINGTRAIN_CHECK(begin == layer_ranges_[static_cast<size_t>(i)].second,
+                    "{}: grad_pieces() do not add up to its parameters",
+                    layers_[static_cast<size_t>(i)]->name());
+  }
+  return ranges;
 }
 
 std::string Model::summary() const {

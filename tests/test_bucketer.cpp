@@ -9,6 +9,7 @@
 
 #include "ringtrain/bucketer.h"
 #include "ringtrain/check.h"
+#include "ringtrain/model.h"
 
 using namespace ringtrain;
 
@@ -133,4 +134,38 @@ TEST_CASE("a failed reduction reaches wait(); misuse is refused", "[bucketer]") 
   bucketer.begin_backward();
   CHECK_THROWS_AS(bucketer.mark_ready(ranges[1]), Error);  // out of backward order
   CHECK_THROWS_AS(bucketer.wait(), Error);                 // before every gradient was reported
+}
+
+TEST_CASE("a large layer reports its gradients in row blocks, each final when reported",
+          "[bucketer]") {
+  // dense(784->4096) holds 3.2 M weights: above the 2 Mi threshold, so it reports 256-row blocks.
+  auto model = make_model({.name = "mlp", .hidden = {4096}});
+  model->init_params(3);
+  const std::vector<GradRange> pieces = model->grad_ranges();
+  REQUIRE(pieces.size() == 1 + 4);  // the output layer, then 784 rows in blocks of 256
+  CHECK(pieces[1].end - pieces[1].begin == 256 * 4096);
+  CHECK(pieces.back().end == model->num_params());
+
+  Tensor images(Shape{8, 28, 28, 1});
+  for (int64_t i = 0; i < images.numel(); ++i) images[i] = static_cast<float>(i % 255) / 255.0f;
+  Context ctx;
+  const Tensor& logits = model->forward(images, ctx);
+  Tensor dlogits(logits.shape());
+  for (int64_t i = 0; i < dlogits.numel(); ++i) dlogits[i] = static_cast<float>(i % 7) - 3.0f;
+
+  std::vector<GradRange> reported;
+  std::vector<std::vector<float>> at_report;
+  model->backward(dlogits, ctx, [&](const GradRange& range) {
+    reported.push_back(range);
+    at_report.emplace_back(model->grads().data() + range.begin,
+                           model->grads().data() + range.end);
+  });
+  REQUIRE(reported.size() == pieces.size());
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    CHECK(reported[k].begin == pieces[k].begin);
+    CHECK(reported[k].end == pieces[k].end);
+    // Nothing in a reported range changes afterwards.
+    CHECK(std::equal(at_report[k].begin(), at_report[k].end(),
+                     model->grads().data() + reported[k].begin));
+  }
 }

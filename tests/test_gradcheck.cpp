@@ -484,3 +484,19 @@ TEST_CASE("the float instantiation computes the same math as the double one", "[
     CHECK(correct_f == correct);
   }
 }
+
+TEST_CASE("dense weight gradients computed in row blocks equal the whole-matrix gradient",
+          "[gradcheck]") {
+  constexpr int64_t kBatch = 3, kIn = 11, kOut = 5;
+  std::mt19937_64 rng(21);
+  const Vec x = random_vec(rng, kBatch * kIn), w = random_vec(rng, kIn * kOut);
+  const Vec dy = random_vec(rng, kBatch * kOut);
+  Vec whole(size_of(kIn * kOut)), db(size_of(kOut)), blocks = poisoned(kIn * kOut);
+  ringtrain::dense_backward(x.data(), w.data(), dy.data(), whole.data(), db.data(),
+                            static_cast<double*>(nullptr), kBatch, kIn, kOut);
+  for (int64_t row = 0; row < kIn; row += 4) {
+    ringtrain::dense_backward_weight_rows(x.data(), dy.data(), blocks.data(), kBatch, kIn, kOut,
+                                          row, std::min(kIn, row + 4));
+  }
+  CHECK(max_error(blocks, whole) < 1e-12);
+}

@@ -3,7 +3,8 @@
 // A bucket is a contiguous range [begin, end) of the flat gradient buffer. The buffer is laid
 // out in backward order and backward reports finished layers front to back, so the ready part
 // of the buffer is always a prefix, and bucket k is ready as soon as that prefix reaches its
-// end. Invariant: buckets are fixed before the first step, never split a layer, and are
+// end. Invariant: buckets are fixed before the first step, never split a reported piece of the
+// gradients (Model::grad_ranges: a layer, or a block of rows of a large one), and are
 // reduced strictly in index order on every rank; no run-time negotiation is needed, because
 // every rank runs the same model and so marks the same ranges in the same order.
 #pragma once
@@ -27,14 +28,12 @@ struct Bucket {
   int64_t size() const { return end - begin; }
 };
 
-// Cuts the layer ranges (in backward order, contiguous from 0) into buckets: a bucket closes
-// at the first layer boundary where it holds at least its limit. The first bucket's limit is
+// Cuts the gradient pieces (Model::grad_ranges: backward order, contiguous from 0) into
+// buckets: a bucket closes at the first piece boundary where it holds at least its limit. The first bucket's limit is
 // small (PyTorch DDP's idea) so that communication starts early; the others use
 // bucket_elements. A limit <= 0 puts everything in one bucket.
 std::vector<Bucket> assign_buckets(std::span<const GradRange> layer_ranges,
                                    int64_t first_bucket_elements, int64_t bucket_elements);
-// The layer ranges of a model that has parameters, in backward order.
-std::vector<GradRange> gradient_ranges(const Model& model);
 
 // Per-step timings of the gradient averaging, in milliseconds.
 struct CommStats {

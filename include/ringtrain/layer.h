@@ -3,6 +3,8 @@
 // buffers, and keeps whatever scratch its math needs between forward and backward.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +24,9 @@ struct ParamSpec {
   int64_t fan_out = 0;
 };
 
+// Reports that the first `done` elements of a layer's parameter slice (flat order) are final.
+using GradProgressFn = std::function<void(int64_t done)>;
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -39,13 +44,21 @@ class Layer {
   // Backward is two calls, so that a layer's parameter gradients can be handed to the
   // gradient averaging before its input gradient is computed (that is more computation for
   // the communication to hide behind). Both read what forward saved.
-  // Writes the parameter gradients; layers without parameters have nothing to do.
-  virtual void backward_params(const Tensor& x, const Tensor& y, const Tensor& dy, Context& ctx) {
+  // Writes the parameter gradients; layers without parameters have nothing to do. A layer
+  // whose gradients are large may finish them in pieces (grad_pieces) and call progress after
+  // each, so averaging can start on the first rows while the rest are computed; the model
+  // reports whatever is left when backward_params returns.
+  virtual void backward_params(const Tensor& x, const Tensor& y, const Tensor& dy, Context& ctx,
+                               const GradProgressFn& progress) {
     (void)x;
     (void)y;
     (void)dy;
     (void)ctx;
+    (void)progress;
   }
+  // The sizes, in flat order, of the pieces backward_params reports; they sum to the layer's
+  // parameter count. Default: the whole layer at once.
+  virtual std::vector<int64_t> grad_pieces() const;
   // Writes dx, resizing it as needed; called only when some earlier layer has parameters.
   // A layer may turn dx into a view (Flatten does) instead of writing into it.
   virtual void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,

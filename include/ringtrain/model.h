@@ -55,6 +55,10 @@ class Model {
   // gradients are written and before its input gradient is computed.
   void backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready = {});
 
+  // The pieces in which backward reports gradients, in backward (= flat buffer) order: one
+  // per layer with parameters, or several for a large layer (Layer::grad_pieces).
+  std::vector<GradRange> grad_ranges() const;
+
   Tensor& params() { return params_; }
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }

@@ -19,6 +19,12 @@ template <typename T>
 void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, int64_t batch,
                     int64_t in, int64_t out);
 
+// Rows [row_begin, row_end) of dw only: dw[r, :] = x[:, r]^T dy. Pieces of dense_backward's
+// weight gradient, for reporting a large layer's gradients as they are finished.
+template <typename T>
+void dense_backward_weight_rows(const T* x, const T* dy, T* dw, int64_t batch, int64_t in,
+                                int64_t out, int64_t row_begin, int64_t row_end);
+
 // ---- ReLU, elementwise over n values ----
 template <typename T>
 void relu_forward(const T* x, T* y, int64_t n);

@@ -358,7 +358,8 @@ class Conv2D final : public Layer {
     conv2d_forward(x.data(), w_.data(), b_.data(), y.data(), cols_.data(), batch, height, width,
                    cin_, cout_);
   }
-  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&) override {
+  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&,
+                       const GradProgressFn&) override {
     conv2d_backward<float>(x.data(), cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(),
                            nullptr, nullptr, x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
   }

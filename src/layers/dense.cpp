@@ -1,5 +1,7 @@
 // Dense (fully connected): y[B,out] = x[B,in] * w[in,out] + b[out], as one Eigen GEMM.
 // The bias is written first and the GEMM accumulates onto it, so the output is touched once.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "eigen_maps.h"
@@ -38,6 +40,19 @@ void dense_backward(const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, in
   }
 }
 
+template <typename T>
+void dense_backward_weight_rows(const T* x, const T* dy, T* dw, int64_t batch, int64_t in,
+                                int64_t out, int64_t row_begin, int64_t row_end) {
+  ConstMatrixMap<T> x_m(x, batch, in);
+  MatrixMap<T>(dw + row_begin * out, row_end - row_begin, out).noalias() =
+      x_m.middleCols(row_begin, row_end - row_begin).transpose() *
+      ConstMatrixMap<T>(dy, batch, out);
+}
+
+template void dense_backward_weight_rows<float>(const float*, const float*, float*, int64_t,
+                                                int64_t, int64_t, int64_t, int64_t);
+template void dense_backward_weight_rows<double>(const double*, const double*, double*, int64_t,
+                                                 int64_t, int64_t, int64_t, int64_t);
 template void dense_forward<float>(const float*, const float*, const float*, float*, int64_t,
                                    int64_t, int64_t);
 template void dense_forward<double>(const double*, const double*, const double*, double*, int64_t,
@@ -75,9 +90,31 @@ class Dense final : public Layer {
     y.resize(Shape{batch, out_});
     dense_forward(x.data(), w_.data(), b_.data(), y.data(), batch, in_, out_);
   }
-  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&) override {
-    dense_backward<float>(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr, x.dim(0),
-                          in_, out_);
+  std::vector<int64_t> grad_pieces() const override {
+    std::vector<int64_t> pieces;
+    for (int64_t row = 0; row < in_; row += rows_per_piece()) {
+      pieces.push_back(std::min(rows_per_piece(), in_ - row) * out_);
+    }
+    pieces.back() += out_;  // the bias ends the last piece
+    return pieces;
+  }
+  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&,
+                       const GradProgressFn& progress) override {
+    const int64_t batch = x.dim(0);
+    if (rows_per_piece() >= in_) {
+      dense_backward<float>(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr,
+                            batch, in_, out_);
+      return;
+    }
+    // A large weight: its gradient in row blocks, each reported when done (the bias, which
+    // closes the layer's slice, is reported with the last block by the model).
+    detail::RowVectorMap<float>(db_.data(), out_) =
+        detail::ConstMatrixMap<float>(dy.data(), batch, out_).colwise().sum();
+    for (int64_t row = 0; row < in_; row += rows_per_piece()) {
+      const int64_t end = std::min(in_, row + rows_per_piece());
+      dense_backward_weight_rows(x.data(), dy.data(), dw_.data(), batch, in_, out_, row, end);
+      if (end < in_) progress(end * out_);
+    }
   }
   void backward_input(const Tensor& x, const Tensor&, const Tensor& dy, Tensor& dx,
                       Context&) override {
@@ -87,6 +124,13 @@ class Dense final : public Layer {
   }
 
  private:
+  // Weights above 2 Mi values (8 MB) are finished in pieces of about 1 Mi values: small enough
+  // that averaging starts early, large enough that each piece is still an efficient GEMM.
+  static constexpr int64_t kPieceElements = 1 << 20;
+  int64_t rows_per_piece() const {
+    return in_ * out_ <= 2 * kPieceElements ? in_ : std::max<int64_t>(1, kPieceElements / out_);
+  }
+
   int64_t in_, out_;
   Tensor w_, b_;    // w_ [in, out], b_ [out]: views into the flat parameter buffer
   Tensor dw_, db_;  // the same shapes, views into the flat gradient buffer
