@@ -24,7 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr double kDefaultTimeoutS = 600.0;
-constexpr auto kSpinFor = std::chrono::milliseconds(1);
+constexpr auto kSpinFor = std::chrono::microseconds(50);
 constexpr auto kBackoff = std::chrono::microseconds(50);
 // How long a timed-out wait() waits for its cancelled request to let go of the buffer.
 constexpr auto kCancelGrace = std::chrono::milliseconds(200);
