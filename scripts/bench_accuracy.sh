@@ -59,20 +59,7 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 # summary_field FILE FIELD: FIELD of the last {"event":"summary",...} line in FILE
-summary_field() {
-  "$PY" -c '
-import json, sys
-summary = None
-for line in open(sys.argv[1]):
-    line = line.strip()
-    if line.startswith("{"):
-        obj = json.loads(line)
-        if obj.get("event") == "summary":
-            summary = obj
-if summary is None:
-    sys.exit("no summary line in " + sys.argv[1])
-print(summary[sys.argv[2]])' "$1" "$2"
-}
+summary_field() { "$PY" "$(dirname "${BASH_SOURCE[0]}")/summary_field.py" "$1" "$2"; }
 
 has_idx() {  # DIR: does it hold the MNIST-format training images?
   [[ -f "$1/train-images-idx3-ubyte.gz" || -f "$1/train-images-idx3-ubyte" ]]

@@ -65,13 +65,7 @@ model_spec() {
   esac
 }
 
-field() {  # field FILE KEY: KEY of the summary line (last line with "summary")
-  python3 -c '
-import json, sys
-line = [l for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
-v = json.loads(line)[sys.argv[2]]
-print(v if not isinstance(v, float) else f"{v:.6g}")' "$1" "$2"
-}
+field() { python3 "$repo/scripts/summary_field.py" "$1" "$2"; }  # FILE KEY of the summary line
 
 echo "transport,framework,model,batch,ranks,oversubscribed,overlap,images_per_sec,step_ms,compute_ms,comm_ms,exposed_comm_ms,overlap_efficiency" >"$out_csv"
 
@@ -135,7 +129,7 @@ if [[ "${SKIP_NET:-0}" != "1" ]]; then
     for np in $ranks_list; do
       [[ "$np" -gt 1 ]] || continue
       export -f run_ringtrain model_spec field log
-      export build data cores work quick out_csv
+      export build data cores work quick out_csv repo
       export mpi_base_str="${mpi_base[*]}"
       bash "$repo/scripts/netns_cluster.sh" run "$np" --rate "$rate" -- bash -c '
         read -ra mpi_base <<<"$mpi_base_str"

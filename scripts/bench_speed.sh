@@ -90,20 +90,7 @@ RESULTS="$WORK/results.tsv"   # config <TAB> side <TAB> images_per_sec <TAB> ste
 : >"$RESULTS"
 
 # summary_field FILE FIELD: FIELD of the last {"event":"summary",...} line in FILE
-summary_field() {
-  "$PY" -c '
-import json, sys
-summary = None
-for line in open(sys.argv[1]):
-    line = line.strip()
-    if line.startswith("{"):
-        obj = json.loads(line)
-        if obj.get("event") == "summary":
-            summary = obj
-if summary is None:
-    sys.exit("no summary line in " + sys.argv[1])
-print(summary[sys.argv[2]])' "$1" "$2"
-}
+summary_field() { "$PY" "$(dirname "${BASH_SOURCE[0]}")/summary_field.py" "$1" "$2"; }
 
 # max_rss_mb FILE: "Maximum resident set size (kbytes)" of a /usr/bin/time -v log, in MB
 max_rss_mb() {
