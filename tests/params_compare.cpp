@@ -18,7 +18,8 @@
 namespace {
 
 int usage(const char* message) {
-  std::fprintf(stderr, "params_compare: %s\nusage: params_compare A B [--rel-tol X] [--expect-identical]\n",
+  std::fprintf(stderr,
+               "params_compare: %s\nusage: params_compare A B [--rel-tol X] [--expect-identical]\n",
                message);
   return 2;
 }
@@ -77,9 +78,10 @@ int main(int argc, char** argv) {
     max_abs = std::fmax(max_abs, std::fabs(x));
   }
   const double rel = max_abs > 0.0 ? max_diff / max_abs : (max_diff > 0.0 ? INFINITY : 0.0);
-  std::printf("%zu parameters: max |a-b| %.3e (at %zu), max |a| %.3e, relative %.3e, %zu differ "
-              "bitwise\n",
-              a.size(), max_diff, worst, max_abs, rel, differing);
+  std::printf(
+      "%zu parameters: max |a-b| %.3e (at %zu), max |a| %.3e, relative %.3e, %zu differ "
+      "bitwise\n",
+      a.size(), max_diff, worst, max_abs, rel, differing);
 
   if (non_finite) {
     std::printf("FAIL: a parameter is NaN or infinite\n");
@@ -87,8 +89,9 @@ int main(int argc, char** argv) {
   }
   if (expect_identical) {
     if (differing != 0) {
-      std::printf("FAIL: expected bit-identical parameters, but %zu of %zu differ (max |a-b| %.3e)\n",
-                  differing, a.size(), max_diff);
+      std::printf(
+          "FAIL: expected bit-identical parameters, but %zu of %zu differ (max |a-b| %.3e)\n",
+          differing, a.size(), max_diff);
       return 1;
     }
     return 0;
