@@ -227,6 +227,8 @@ int run(const Options& o, Comm& comm) {
                      !o.no_overlap);
   }
   const int64_t bucket_count = bucketer ? static_cast<int64_t>(bucketer->buckets().size()) : 0;
+  // The communication thread shares the cores with backward: it must not spin long while waiting.
+  if (bucketer && !o.no_overlap) comm.set_spin_before_sleep(std::chrono::microseconds(50));
   spdlog::info("training: {} steps ({} per epoch), {} rank(s) x batch {} = global batch {}, {} "
                "lr {} ({}), {} thread(s) per rank, seed {}",
                total_steps, steps_per_epoch, ranks, o.batch_size, global_batch, optimizer->name(),

@@ -207,6 +207,23 @@ for setup in "2 32" "1 64"; do
   fi
 done
 
+# ---- (f) large mini-batch: --lr-scaling linear ramps the rate from --lr to --lr x ranks over
+# the warm-up (Goyal et al.): at 2 ranks, 0.01 -> 0.02 over 10 steps; the train lines every 5
+# steps carry the rate of their last step: steps 4, 9, 14, 19 -> 0.014, 0.019, 0.02, 0.02. ----
+if launch 2 --steps 20 --batch-size 32 --optimizer sgd --lr 0.01 --lr-scaling linear \
+  --warmup-steps 10 --log-every 5 --metrics-out "$work/scaling.jsonl" >"$work/scaling.log" 2>&1; then
+  rates=$(grep '"event":"train"' "$work/scaling.jsonl" | grep -o '"lr":[^,}]*' | cut -d: -f2 | tr '\n' ' ')
+  read -r r5 r10 r15 r20 <<<"$rates"
+  if check 'a > 0.0139 && a < 0.0141 && b > 0.0189 && b < 0.0191 && c > 0.0199 && c < 0.0201' \
+    "$r5" "$r10" "$r20"; then
+    pass "(f) --lr-scaling linear at 2 ranks: lr at steps 5, 10, 15, 20: $rates"
+  else
+    fail "(f) --lr-scaling linear at 2 ranks: expected 0.014 0.019 0.02 0.02, got: $rates"
+  fi
+else
+  fail "(f) --lr-scaling linear run exited non-zero: $(tail -n 20 "$work/scaling.log")"
+fi
+
 # ---- (e) a failure ends the whole job: a data folder whose training images are truncated.
 # First on every rank (all fail alike), then on rank 1 only (mpirun's "A : B" form gives rank 1
 # its own flags) while rank 0 loads good data and, if it gets there first, waits for rank 1 in

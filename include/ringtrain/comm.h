@@ -7,6 +7,7 @@
 // a failure throws ringtrain::Error naming the call, the peer and the library's message.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +43,11 @@ class Comm {
   virtual CommRequest irecv(float* data, size_t n, int peer, int tag) = 0;
   // Completes a request (a no-op on an inactive one) and marks it inactive.
   virtual void wait(CommRequest& request) = 0;
+  // How long wait() polls without pause before it sleeps between polls: long (the default,
+  // lowest latency) for a thread with nothing else to do, short for the overlap engine's
+  // communication thread, which shares the cores with computation. Transports that do not
+  // poll ignore it.
+  virtual void set_spin_before_sleep(std::chrono::microseconds spin) { (void)spin; }
   // Sends to `dst` while receiving from `src`; returns when both are done.
   void sendrecv(const float* send, size_t send_n, int dst, float* recv, size_t recv_n, int src,
                 int tag = 0);

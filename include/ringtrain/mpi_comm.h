@@ -59,6 +59,7 @@ class MpiComm final : public Comm {
   CommRequest isend(const float* data, size_t n, int peer, int tag) override;
   CommRequest irecv(float* data, size_t n, int peer, int tag) override;
   void wait(CommRequest& request) override;
+  void set_spin_before_sleep(std::chrono::microseconds spin) override { spin_ = spin; }
   void allreduce_library(float* data, size_t n, ReduceOp op) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes) override;
@@ -85,6 +86,7 @@ class MpiComm final : public Comm {
   std::vector<Transfer> transfers_;    // parallel to requests_
   std::vector<int64_t> free_slots_;
   double timeout_s_ = 600.0;  // wait() gives up after this long (RINGTRAIN_COMM_TIMEOUT_S)
+  std::chrono::microseconds spin_{1000};  // wait() polls without pause this long
   // Guards the slot table, so that point-to-point calls may come from several threads.
   std::mutex mutex_;
 };

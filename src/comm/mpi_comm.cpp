@@ -2,11 +2,12 @@
 //
 // Requests live in a slot table (requests_, free slots reused), so the ring's steady state
 // allocates nothing. wait() never blocks inside MPI: it polls MPI_Test, spinning for the first
-// 50 us (a neighbour's message is often that close) and then sleeping 50 us between polls, so
-// that a waiting thread leaves the core to computation (the overlap engine's communication
-// thread shares cores with the compute thread: spinning for 1 ms instead halved the wide MLP's
-// bandwidth over the emulated network), and so that a dead peer turns into an error naming it
-// after RINGTRAIN_COMM_TIMEOUT_S seconds instead of a silent hang.
+// spin_ (1 ms by default: a neighbour's message is usually that close) and then sleeping 50 us
+// between polls, so that a dead peer turns into an error naming it after
+// RINGTRAIN_COMM_TIMEOUT_S seconds instead of a silent hang. The overlap engine's
+// communication thread shares the cores with computation and sets a 50 us spin
+// (set_spin_before_sleep): spinning for 1 ms there halved the wide MLP's bandwidth over the
+// emulated network, while for a bare allreduce the short spin halved the ring's busbw at 2-16 MiB.
 #include "ringtrain/mpi_comm.h"
 
 #include <algorithm>
@@ -25,7 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr double kDefaultTimeoutS = 600.0;
-constexpr auto kSpinFor = std::chrono::microseconds(50);
 constexpr auto kBackoff = std::chrono::microseconds(50);
 // How long a timed-out wait() waits for its cancelled request to let go of the buffer.
 constexpr auto kCancelGrace = std::chrono::milliseconds(200);
@@ -262,7 +262,7 @@ void MpiComm::wait(CommRequest& request) {
           "RINGTRAIN_COMM_TIMEOUT_S to wait longer",
           rank_, timeout_s_, direction(transfer.send), transfer.peer, transfer.tag);
     }
-    if (now - start >= kSpinFor) std::this_thread::sleep_for(kBackoff);
+    if (now - start >= spin_) std::this_thread::sleep_for(kBackoff);
   }
 
   if (!transfer.send) {
