@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -46,6 +47,7 @@ struct Options {
   std::string save_params;
   std::string log_level = "info";
   std::string allreduce = "ring";
+  std::string overlap = "auto";
   bool no_overlap = false;
   double fusion_threshold_mb = 4.0;
   double first_bucket_mb = 0.25;
@@ -104,8 +106,15 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error");
   app.add_option("--allreduce", o.allreduce, "Gradient averaging: ring (ours) or mpi (MPI_Allreduce)")
       ->check(CLI::IsMember({"ring", "mpi"}));
+  auto* overlap = app.add_option(
+      "--overlap", o.overlap,
+      "Average gradients while backward runs: on, off, or auto (on unless this node's ranks "
+      "x --threads already fill its cores, where the communication thread can only take "
+      "cycles from backward)");
+  overlap->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_flag("--no-overlap", o.no_overlap,
-               "Average all gradients after backward instead of while it runs (the baseline)");
+               "Average all gradients after backward (the baseline): --overlap off")
+      ->excludes(overlap);
   app.add_option("--fusion-threshold-mb", o.fusion_threshold_mb,
                  "Gradient bucket size in MB (0: one bucket for everything)")
       ->check(CLI::NonNegativeNumber);
@@ -216,6 +225,21 @@ int run(const Options& o, Comm& comm) {
   MetricsWriter metrics =
       o.metrics_out.empty() || rank != 0 ? MetricsWriter() : MetricsWriter(o.metrics_out);
   const auto mb_to_elements = [](double mb) { return static_cast<int64_t>(mb * 1e6 / 4.0); };
+  // Overlap needs a core to run on: on one node whose cores the ranks' compute threads already
+  // fill, the communication thread's copies only take cycles from backward (measured slower
+  // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const bool node_is_full = comm.local_size() * o.threads >= cores;
+  const bool overlap = o.no_overlap ? false
+                       : o.overlap == "auto"
+                           ? !(node_is_full && comm.local_size() == comm.size())
+                           : o.overlap == "on";
+  const std::string overlap_reason =
+      o.no_overlap || o.overlap != "auto"
+          ? "set by flag"
+          : fmt::format("--overlap auto: {} rank(s) x {} thread(s) on a node of {} cores{}",
+                        comm.local_size(), o.threads, cores,
+                        comm.local_size() < comm.size() ? ", ranks on several nodes" : "");
   RingScratch ring_scratch;
   // One rank has nothing to average: no bucketer, no communication thread.
   std::optional<GradBucketer> bucketer;
@@ -224,18 +248,18 @@ int run(const Options& o, Comm& comm) {
                      assign_buckets(model->grad_ranges(), mb_to_elements(o.first_bucket_mb),
                                     mb_to_elements(o.fusion_threshold_mb)),
                      make_bucket_reduce(comm, o.allreduce, ring_scratch, o.test_comm_delay_ms),
-                     !o.no_overlap);
+                     overlap);
   }
   const int64_t bucket_count = bucketer ? static_cast<int64_t>(bucketer->buckets().size()) : 0;
   // The communication thread shares the cores with backward: it must not spin long while waiting.
-  if (bucketer && !o.no_overlap) comm.set_spin_before_sleep(std::chrono::microseconds(50));
+  if (bucketer && overlap) comm.set_spin_before_sleep(std::chrono::microseconds(50));
   spdlog::info("training: {} steps ({} per epoch), {} rank(s) x batch {} = global batch {}, {} "
                "lr {} ({}), {} thread(s) per rank, seed {}",
                total_steps, steps_per_epoch, ranks, o.batch_size, global_batch, optimizer->name(),
                schedule.base_lr, schedule.kind, o.threads, o.seed);
   if (bucketer) {
-    spdlog::info("gradients: {} bucket(s) averaged by {} {}", bucket_count, o.allreduce,
-                 o.no_overlap ? "after backward (--no-overlap)" : "while backward runs");
+    spdlog::info("gradients: {} bucket(s) averaged by {} {} ({})", bucket_count, o.allreduce,
+                 overlap ? "while backward runs" : "after backward", overlap_reason);
   }
 
   EpochSampler sampler(data.train.count, o.seed);
@@ -317,7 +341,7 @@ int run(const Options& o, Comm& comm) {
                "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
                times.mean(times.compute_ms), times.mean(times.comm_ms),
                times.mean(times.exposed_ms), times.overlap_efficiency() * 100.0, ranks,
-               o.no_overlap ? "--no-overlap" : "overlapped");
+               overlap ? "overlapped" : "not overlapped");
   metrics.write("summary", {{"test_accuracy", eval.accuracy()},
                             {"images_per_sec", images_per_sec},
                             {"step_ms", step_ms},
@@ -334,7 +358,7 @@ int run(const Options& o, Comm& comm) {
                             {"comm_ms", times.mean(times.comm_ms)},
                             {"exposed_comm_ms", times.mean(times.exposed_ms)},
                             {"overlap_efficiency", times.overlap_efficiency()},
-                            {"overlap", !o.no_overlap},
+                            {"overlap", overlap},
                             {"allreduce", o.allreduce},
                             {"buckets", bucket_count},
                             {"threads", int64_t{o.threads}},

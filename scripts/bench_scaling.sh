@@ -3,7 +3,8 @@
 #
 # For each model (mlp batch 32 and 128, cnn batch 128, the wide mlp --hidden 4096,4096 at batch
 # 128), one thread per rank, it measures ringtrain at 1, 2 and 4 ranks (4 is oversubscribed on
-# this 2-core machine and marked so), with overlap and with --no-overlap:
+# this 2-core machine and marked so), in its default mode (--overlap auto) and with overlap
+# forced on or off:
 #   - on shared memory (one node; MPI's vader transport), beside PyTorch DDP (gloo, same
 #     models, same per-rank batch, same sampler) in the same run;
 #   - across an emulated cluster network (scripts/netns_cluster.sh: one network namespace per
@@ -67,15 +68,14 @@ model_spec() {
 
 field() { python3 "$repo/scripts/summary_field.py" "$1" "$2"; }  # FILE KEY of the summary line
 
-echo "transport,framework,model,batch,ranks,oversubscribed,overlap,images_per_sec,step_ms,compute_ms,comm_ms,exposed_comm_ms,overlap_efficiency" >"$out_csv"
+echo "transport,framework,model,batch,ranks,oversubscribed,overlap,overlapped,images_per_sec,step_ms,compute_ms,comm_ms,exposed_comm_ms,overlap_efficiency" >"$out_csv"
 
 # run_ringtrain TRANSPORT MODEL RANKS OVERLAP [mpirun prefix args...]
 run_ringtrain() {
   local transport=$1 model=$2 np=$3 overlap=$4
   shift 4
   IFS='|' read -r flags batch steps <<<"$(model_spec "$model")"
-  local metrics="$work/rt.jsonl" extra=()
-  [[ "$overlap" == "no" ]] && extra+=(--no-overlap)
+  local metrics="$work/rt.jsonl" extra=(--overlap "$overlap")
   local over=no
   [[ "$np" -gt "$cores" ]] && over=yes
   rm -f "$metrics"
@@ -89,7 +89,7 @@ run_ringtrain() {
   fi
   local row
   row="$transport,ringtrain,$model,$batch,$np,$over,$overlap"
-  for key in images_per_sec step_ms compute_ms comm_ms exposed_comm_ms overlap_efficiency; do
+  for key in overlap images_per_sec step_ms compute_ms comm_ms exposed_comm_ms overlap_efficiency; do
     row+=",$(field "$metrics" "$key")"
   done
   echo "$row" >>"$out_csv"
@@ -108,7 +108,7 @@ run_ddp() {
     log "ddp $model np=$np FAILED:"; tail -5 "$work/ddp.log" >&2
     return 0
   fi
-  local row="shm,pytorch-ddp,$model,$batch,$np,$over,n/a,$(field "$work/ddp.jsonl" images_per_sec),$(field "$work/ddp.jsonl" step_ms),,,,"
+  local row="shm,pytorch-ddp,$model,$batch,$np,$over,n/a,True,$(field "$work/ddp.jsonl" images_per_sec),$(field "$work/ddp.jsonl" step_ms),,,,"
   echo "$row" >>"$out_csv"
   log "$row"
 }
@@ -116,8 +116,11 @@ run_ddp() {
 # ---- shared memory: ringtrain (overlap / no overlap) and DDP, interleaved per configuration ----
 for model in $models; do
   for np in $ranks_list; do
-    run_ringtrain shm "$model" "$np" yes --mca btl self,vader
-    if [[ "$np" -gt 1 ]]; then run_ringtrain shm "$model" "$np" no --mca btl self,vader; fi
+    run_ringtrain shm "$model" "$np" auto --mca btl self,vader
+    if [[ "$np" -gt 1 ]]; then
+      run_ringtrain shm "$model" "$np" on --mca btl self,vader
+      run_ringtrain shm "$model" "$np" off --mca btl self,vader
+    fi
     [[ "${SKIP_DDP:-0}" == "1" ]] || run_ddp "$model" "$np"
   done
 done
@@ -135,8 +138,8 @@ if [[ "${SKIP_NET:-0}" != "1" ]]; then
         read -ra mpi_base <<<"$mpi_base_str"
         read -ra net <<<"$RINGTRAIN_NETNS_MPIRUN_ARGS"
         for model in '"$models"'; do
-          run_ringtrain net-'"$rate"' "$model" '"$np"' yes "${net[@]}"
-          run_ringtrain net-'"$rate"' "$model" '"$np"' no "${net[@]}"
+          run_ringtrain net-'"$rate"' "$model" '"$np"' auto "${net[@]}"
+          run_ringtrain net-'"$rate"' "$model" '"$np"' off "${net[@]}"
         done' >&2
     done
     net_note="$rate links, one network namespace per rank (scripts/netns_cluster.sh), Open MPI over TCP"
@@ -164,27 +167,31 @@ out = []
 out.append("## Scaling: throughput against ranks\n")
 out.append(f"- Date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; ringtrain {subprocess.run(['git','rev-parse','--short','HEAD'],capture_output=True,text=True).stdout.strip()}; data `{data}`")
 out.append(f"- Command: `scripts/bench_scaling.sh`; one thread per rank; SGD momentum 0.9; per-rank batch as listed; ranks > {os.cpu_count()} are oversubscribed (marked *)")
-out.append("- images/s = global batch x steps / rank 0's training time; scaling efficiency = images/s at N / (N x images/s at 1 rank); comm, exposed: ms per step; overlap efficiency = 1 - exposed / comm")
+out.append("- images/s = global batch x steps / rank 0's training time; scaling efficiency = images/s at N / (N x images/s at 1 rank); comm, exposed (ms per step) and overlap efficiency = 1 - exposed / comm are those of the --overlap on run")
+out.append("- default = `--overlap auto`: overlap on unless one node's ranks x threads fill its cores (then the communication thread only takes cycles from backward); here that means off on shared memory at 2+ ranks and on across the emulated network")
 out.append(f"- Emulated network: {net_note}\n")
 for transport, title in [("shm", "Shared memory (one node)"), (f"net-{rate}", f"Emulated cluster network, {rate}")]:
     if not any(r["transport"] == transport for r in rows): continue
     out.append(f"### {title}\n")
-    out.append("| model | ranks | ringtrain img/s | scaling eff. | comm ms | exposed ms | overlap eff. | --no-overlap img/s | overlap speed-up |" + (" PyTorch DDP img/s | ringtrain / DDP |" if transport == "shm" else ""))
-    out.append("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if transport == "shm" else ""))
+    out.append("| model | ranks | ringtrain img/s (default) | overlapped? | scaling eff. | comm ms | exposed ms | overlap eff. | --overlap on img/s | --overlap off img/s | step, on vs off |" + (" PyTorch DDP img/s | ringtrain / DDP |" if transport == "shm" else ""))
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if transport == "shm" else ""))
     for m in models:
-        base = ips(get("shm", "ringtrain", m, 1, "yes"))
+        base = ips(get("shm", "ringtrain", m, 1, "auto"))
         for n in ranks:
-            r = get(transport, "ringtrain", m, n, "yes")
+            r = get(transport, "ringtrain", m, n, "auto")
             if r is None: continue
-            nr = get(transport, "ringtrain", m, n, "no")
+            on = r if r["overlapped"] == "True" else get(transport, "ringtrain", m, n, "on")
+            nr = r if r["overlapped"] == "False" else get(transport, "ringtrain", m, n, "off")
             d = get("shm", "pytorch-ddp", m, n, "n/a")
             star = "*" if r["oversubscribed"] == "yes" else ""
             eff = f"{ips(r) / (n * base):.2f}" if base else "-"
-            cells = [names[m], f"{n}{star}", f"{ips(r):,.0f}", eff,
-                     f"{float(r['comm_ms']):.2f}" if n > 1 else "-", f"{float(r['exposed_comm_ms']):.2f}" if n > 1 else "-",
-                     f"{float(r['overlap_efficiency'])*100:.0f}%" if n > 1 else "-",
-                     f"{ips(nr):,.0f}" if nr else "-",
-                     f"{(float(nr['step_ms']) - float(r['step_ms'])) / float(nr['step_ms']) * 100:.0f}% shorter step" if nr else "-"]
+            multi = n > 1 and on is not None
+            cells = [names[m], f"{n}{star}", f"{ips(r):,.0f}", ("yes" if r["overlapped"] == "True" else "no") if n > 1 else "-", eff,
+                     f"{float(on['comm_ms']):.2f}" if multi else "-", f"{float(on['exposed_comm_ms']):.2f}" if multi else "-",
+                     f"{float(on['overlap_efficiency'])*100:.0f}%" if multi else "-",
+                     f"{ips(on):,.0f}" if multi else "-",
+                     f"{ips(nr):,.0f}" if n > 1 and nr else "-",
+                     f"{(float(nr['step_ms']) - float(on['step_ms'])) / float(nr['step_ms']) * 100:+.0f}% shorter" if multi and nr else "-"]
             if transport == "shm":
                 cells += [f"{ips(d):,.0f}" if d else "-", f"{ips(r)/ips(d):.2f}x" if d else "-"]
             out.append("| " + " | ".join(cells) + " |")
@@ -194,12 +201,13 @@ out.append("### Targets\n")
 def ratio(a, b): return a / b if a and b else None
 checks = []
 for m, need in [("mlp128", 1.7), ("cnn128", 1.7)]:
-    v = ratio(ips(get("shm", "ringtrain", m, 2, "yes")), ips(get("shm", "ringtrain", m, 1, "yes")))
+    v = ratio(ips(get("shm", "ringtrain", m, 2, "auto")), ips(get("shm", "ringtrain", m, 1, "auto")))
     checks.append((f"shared memory, {names[m]}: np=2 / np=1 >= {need}x", v, need, "x"))
 for m, need in [("mlp32", 2.0), ("cnn128", 2.0), ("mlp128", 1.5)]:
-    v = ratio(ips(get("shm", "ringtrain", m, 2, "yes")), ips(get("shm", "pytorch-ddp", m, 2, "n/a")))
+    v = ratio(ips(get("shm", "ringtrain", m, 2, "auto")), ips(get("shm", "pytorch-ddp", m, 2, "n/a")))
     checks.append((f"shared memory, {names[m]}: ringtrain np=2 / DDP np=2 >= {need}x", v, need, "x"))
-w, wn = get(f"net-{rate}", "ringtrain", "wide128", 2, "yes"), get(f"net-{rate}", "ringtrain", "wide128", 2, "no")
+w, wn = get(f"net-{rate}", "ringtrain", "wide128", 2, "auto"), get(f"net-{rate}", "ringtrain", "wide128", 2, "off")
+if w is not None and w["overlapped"] != "True": w = None
 v = (float(wn["step_ms"]) - float(w["step_ms"])) / float(wn["step_ms"]) if w and wn else None
 checks.append((f"{rate} network, wide mlp np=2: step with overlap >= 20% shorter than --no-overlap", v, 0.2, "%"))
 v = float(w["overlap_efficiency"]) if w else None
@@ -215,11 +223,11 @@ open(md_path, "w").write("\n".join(out) + "\n")
 dat = md_path[:-3] + ".dat"
 with open(dat, "w") as f:
     for m in models:
-        for fw, tr, ov, label in [("ringtrain", "shm", "yes", "ringtrain shm"), ("pytorch-ddp", "shm", "n/a", "DDP shm"), ("ringtrain", f"net-{rate}", "yes", f"ringtrain {rate}")]:
+        for fw, tr, ov, label in [("ringtrain", "shm", "auto", "ringtrain shm"), ("pytorch-ddp", "shm", "n/a", "DDP shm"), ("ringtrain", f"net-{rate}", "auto", f"ringtrain {rate}")]:
             pts = [(n, ips(get(tr, fw, m, n, ov))) for n in ranks]
             pts = [(n, v) for n, v in pts if v]
-            if tr != "shm" and pts and ips(get("shm", "ringtrain", m, 1, "yes")):
-                pts = [(1, ips(get("shm", "ringtrain", m, 1, "yes")))] + pts
+            if tr != "shm" and pts and ips(get("shm", "ringtrain", m, 1, "auto")):
+                pts = [(1, ips(get("shm", "ringtrain", m, 1, "auto")))] + pts
             if not pts: continue
             f.write(f'"{names[m]}: {label}"\n' + "".join(f"{n} {v}\n" for n, v in pts) + "\n\n")
 blocks = sum(1 for l in open(dat) if l.startswith('"'))

@@ -62,7 +62,7 @@ run_params() {  # run_params NAME NP BATCH [flags]: trains, saves $work/NAME.bin
     >"$work/$name.log" 2>&1 || fail "(a) $name exited non-zero: $(tail -n 20 "$work/$name.log")"
 }
 run_params np1 1 96
-run_params np2_ring 2 48 --allreduce ring
+run_params np2_ring 2 48 --allreduce ring --overlap on
 run_params np2_mpi 2 48 --allreduce mpi
 run_params np2_no_overlap 2 48 --allreduce ring --no-overlap
 run_params np3_ring 3 32 --allreduce ring
@@ -129,6 +129,7 @@ overlap=(--hidden 256,256,256,256,256,256,256,256 --batch-size 2048 --steps 15 -
 # 1 when it is missed ($why says how), 2 when the run itself failed.
 overlap_run() {
   local mode=$1 attempt=$2 flags=()
+  flags=(--overlap on)  # explicit: "auto" turns overlap off where ranks fill the cores
   [ "$mode" = no_overlap ] && flags=(--no-overlap)
   local metrics="$work/${mode}_$attempt.jsonl" log="$work/${mode}_$attempt.log"
   numbers="" why=""
