@@ -16,8 +16,8 @@
 #include "ringtrain/data.h"
 #include "ringtrain/distributed.h"
 #include "ringtrain/log.h"
-#include "ringtrain/mpi_comm.h"
 #include "ringtrain/model.h"
+#include "ringtrain/mpi_comm.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
@@ -96,7 +96,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--threads", o.threads, "CPU math threads")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "Steps between progress lines (0: none)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--eval-every", o.eval_every, "Steps between test evaluations (0: only at the end)")
+  app.add_option("--eval-every", o.eval_every,
+                 "Steps between test evaluations (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-batch", o.eval_batch, "Batch size for evaluation")
       ->check(CLI::PositiveNumber);
@@ -104,7 +105,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--save-params", o.save_params,
                  "Write the final flat parameter buffer here (RTPARAMS format)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error");
-  app.add_option("--allreduce", o.allreduce, "Gradient averaging: ring (ours) or mpi (MPI_Allreduce)")
+  app.add_option("--allreduce", o.allreduce,
+                 "Gradient averaging: ring (ours) or mpi (MPI_Allreduce)")
       ->check(CLI::IsMember({"ring", "mpi"}));
   auto* overlap = app.add_option(
       "--overlap", o.overlap,
@@ -173,19 +175,24 @@ int run(const Options& o, Comm& comm) {
   const int rank = comm.rank(), ranks = comm.size();
   // Every rank logs warnings and errors; progress comes from rank 0 only.
   setup_logging(rank, o.log_level);
-  if (rank != 0 && spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
+  if (rank != 0 && spdlog::get_level() < spdlog::level::warn)
+    spdlog::set_level(spdlog::level::warn);
   set_cpu_threads(o.threads);
   Context ctx;
   ctx.threads = o.threads;
 
   const std::string data_dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
-  spdlog::info("data: {}{}", data_dir, o.data_dir.empty() ? " (default; --data-dir to change)" : "");
+  spdlog::info("data: {}{}", data_dir,
+               o.data_dir.empty() ? " (default; --data-dir to change)" : "");
   const MnistData data = load_mnist_dir(data_dir);
   spdlog::info("data: {} train, {} test images of {}x{}", data.train.count, data.test.count,
                data.train.rows, data.train.cols);
 
-  ModelSpec spec{.name = o.model, .hidden = o.hidden, .height = data.train.rows,
-                 .width = data.train.cols, .classes = 10};
+  ModelSpec spec{.name = o.model,
+                 .hidden = o.hidden,
+                 .height = data.train.rows,
+                 .width = data.train.cols,
+                 .classes = 10};
   std::unique_ptr<Model> model = make_model(spec);
   // The chief initialises; everyone starts from its bits.
   if (rank == 0) model->init_params(o.seed);
@@ -212,7 +219,8 @@ int run(const Options& o, Comm& comm) {
   schedule.global_batch = global_batch;
   if (schedule.reference_batch == 0) schedule.reference_batch = global_batch;
   if (o.warmup_epochs > 0) {
-    schedule.warmup_steps = static_cast<int64_t>(o.warmup_epochs * static_cast<double>(steps_per_epoch));
+    schedule.warmup_steps =
+        static_cast<int64_t>(o.warmup_epochs * static_cast<double>(steps_per_epoch));
   }
   validate(schedule);
   std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model->num_params());
@@ -230,10 +238,9 @@ int run(const Options& o, Comm& comm) {
   // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const bool node_is_full = comm.local_size() * o.threads >= cores;
-  const bool overlap = o.no_overlap ? false
-                       : o.overlap == "auto"
-                           ? !(node_is_full && comm.local_size() == comm.size())
-                           : o.overlap == "on";
+  const bool overlap = o.no_overlap          ? false
+                       : o.overlap == "auto" ? !(node_is_full && comm.local_size() == comm.size())
+                                             : o.overlap == "on";
   const std::string overlap_reason =
       o.no_overlap || o.overlap != "auto"
           ? "set by flag"
@@ -253,10 +260,11 @@ int run(const Options& o, Comm& comm) {
   const int64_t bucket_count = bucketer ? static_cast<int64_t>(bucketer->buckets().size()) : 0;
   // The communication thread shares the cores with backward: it must not spin long while waiting.
   if (bucketer && overlap) comm.set_spin_before_sleep(std::chrono::microseconds(50));
-  spdlog::info("training: {} steps ({} per epoch), {} rank(s) x batch {} = global batch {}, {} "
-               "lr {} ({}), {} thread(s) per rank, seed {}",
-               total_steps, steps_per_epoch, ranks, o.batch_size, global_batch, optimizer->name(),
-               schedule.base_lr, schedule.kind, o.threads, o.seed);
+  spdlog::info(
+      "training: {} steps ({} per epoch), {} rank(s) x batch {} = global batch {}, {} "
+      "lr {} ({}), {} thread(s) per rank, seed {}",
+      total_steps, steps_per_epoch, ranks, o.batch_size, global_batch, optimizer->name(),
+      schedule.base_lr, schedule.kind, o.threads, o.seed);
   if (bucketer) {
     spdlog::info("gradients: {} bucket(s) averaged by {} {} ({})", bucket_count, o.allreduce,
                  overlap ? "while backward runs" : "after backward", overlap_reason);
@@ -279,8 +287,8 @@ int run(const Options& o, Comm& comm) {
         rank_batch(sampler.order(epoch), step % steps_per_epoch, o.batch_size, rank, ranks);
     make_batch(data.train, indices, batch.images, batch.labels);
     const float lr = learning_rate(schedule, step);
-    const StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
-                                       bucketer ? &*bucketer : nullptr);
+    const StepStats stats =
+        train_step(*model, *optimizer, batch, lr, workspace, ctx, bucketer ? &*bucketer : nullptr);
     if (ema) ema->update(params);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += step_seconds;
@@ -303,50 +311,58 @@ int run(const Options& o, Comm& comm) {
     }
     if (o.log_every > 0 && (done % o.log_every == 0 || done == total_steps)) {
       const double mean_loss = window_loss / static_cast<double>(window_steps);
-      const double accuracy = static_cast<double>(window_correct) / static_cast<double>(window_samples);
+      const double accuracy =
+          static_cast<double>(window_correct) / static_cast<double>(window_samples);
       if (!show_progress) {
         spdlog::info("step {}/{} epoch {} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s",
                      done, total_steps, epoch + 1, mean_loss, accuracy, lr,
                      static_cast<double>(done * global_batch) / train_seconds);
       }
-      metrics.write("train", {{"step", done}, {"epoch", epoch + 1}, {"loss", mean_loss},
-                              {"train_accuracy", accuracy}, {"lr", static_cast<double>(lr)}});
+      metrics.write("train", {{"step", done},
+                              {"epoch", epoch + 1},
+                              {"loss", mean_loss},
+                              {"train_accuracy", accuracy},
+                              {"lr", static_cast<double>(lr)}});
       window_loss = 0.0;
       window_correct = window_samples = window_steps = 0;
     }
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != total_steps) {
-      const EvalResult eval = evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr,
-                                            eval_scratch, ctx);
+      const EvalResult eval =
+          evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx);
       if (!show_progress) {
-        spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", done, eval.accuracy(), eval.mean_loss());
+        spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", done, eval.accuracy(),
+                     eval.mean_loss());
       }
-      metrics.write("eval", {{"step", done}, {"test_accuracy", eval.accuracy()},
-                             {"test_loss", eval.mean_loss()}});
+      metrics.write(
+          "eval",
+          {{"step", done}, {"test_accuracy", eval.accuracy()}, {"test_loss", eval.mean_loss()}});
     }
   }
   if (show_progress) progress.finish();
   check_replicas(comm, *model, total_steps);  // always once: replicas must end identical
 
-  const EvalResult eval = evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr,
-                                        eval_scratch, ctx);
+  const EvalResult eval =
+      evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx);
   // Every rank waits for the slowest at each step, so rank 0's clock is the job's.
   const double images_per_sec = static_cast<double>(total_steps * global_batch) / train_seconds;
   const double step_ms = train_seconds * 1000.0 / static_cast<double>(total_steps);
-  spdlog::info("summary: test accuracy {:.4f}{} ({} / {}), test loss {:.4f}, last batch loss {:.4f}",
-               eval.accuracy(), ema ? " (EMA weights)" : "", eval.correct, eval.samples,
-               eval.mean_loss(), last_loss);
+  spdlog::info(
+      "summary: test accuracy {:.4f}{} ({} / {}), test loss {:.4f}, last batch loss {:.4f}",
+      eval.accuracy(), ema ? " (EMA weights)" : "", eval.correct, eval.samples, eval.mean_loss(),
+      last_loss);
   spdlog::info("summary: {} steps in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB",
                total_steps, train_seconds, images_per_sec, step_ms, peak_rss_mb());
-  spdlog::info("summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
-               "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
-               times.mean(times.compute_ms), times.mean(times.comm_ms),
-               times.mean(times.exposed_ms), times.overlap_efficiency() * 100.0, ranks,
-               overlap ? "overlapped" : "not overlapped");
+  spdlog::info(
+      "summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
+      "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
+      times.mean(times.compute_ms), times.mean(times.comm_ms), times.mean(times.exposed_ms),
+      times.overlap_efficiency() * 100.0, ranks, overlap ? "overlapped" : "not overlapped");
   metrics.write("summary", {{"test_accuracy", eval.accuracy()},
                             {"images_per_sec", images_per_sec},
                             {"step_ms", step_ms},
                             {"steps", total_steps},
-                            {"epochs", static_cast<double>(total_steps) / static_cast<double>(steps_per_epoch)},
+                            {"epochs", static_cast<double>(total_steps) /
+                                           static_cast<double>(steps_per_epoch)},
                             {"test_loss", eval.mean_loss()},
                             {"last_loss", last_loss},
                             {"model", o.model},

@@ -31,8 +31,7 @@ std::vector<Bucket> assign_buckets(std::span<const GradRange> layer_ranges,
   return buckets;
 }
 
-GradBucketer::GradBucketer(float* grads, std::vector<Bucket> buckets, ReduceFn reduce,
-                           bool overlap)
+GradBucketer::GradBucketer(float* grads, std::vector<Bucket> buckets, ReduceFn reduce, bool overlap)
     : grads_(grads), buckets_(std::move(buckets)), reduce_(std::move(reduce)), overlap_(overlap) {
   if (overlap_) thread_ = std::thread([this] { comm_loop(); });
 }

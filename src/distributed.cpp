@@ -21,8 +21,8 @@ std::span<const int64_t> rank_batch(std::span<const int64_t> epoch_order, int64_
 }
 
 void broadcast_params(Comm& comm, Model& model, int root) {
-  comm.broadcast(model.params().data(),
-                 static_cast<size_t>(model.num_params()) * sizeof(float), root);
+  comm.broadcast(model.params().data(), static_cast<size_t>(model.num_params()) * sizeof(float),
+                 root);
 }
 
 EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64_t batch_size,

@@ -64,11 +64,15 @@ std::vector<CommRequest>& RingScratch::recvs(size_t n) {
 
 namespace {
 
-int ring_mod(int value, int n) { return ((value % n) + n) % n; }
+int ring_mod(int value, int n) {
+  return ((value % n) + n) % n;
+}
 
 // MPI guarantees only tags up to 32767; messages between one pair with one tag still match in
 // order, so wrapping is safe.
-int segment_tag(size_t segment) { return static_cast<int>(segment % 32768); }
+int segment_tag(size_t segment) {
+  return static_cast<int>(segment % 32768);
+}
 
 // One ring step: send `send_n` elements from `send` to the right neighbour while receiving
 // `recv_n` elements from the left one. With `reduce`, received segments go through the slots
@@ -101,8 +105,8 @@ void ring_step(Comm& comm, const float* send, size_t send_n, float* recv, size_t
   for (size_t k = 0; k < std::max(send_segments, recv_segments); ++k) {
     if (k < recv_segments) {
       comm.wait(recvs[k % window]);
-      if (reduce) comm.add_inplace(recv + k * segment, slots + (k % window) * segment,
-                                   length(recv_n, k));
+      if (reduce)
+        comm.add_inplace(recv + k * segment, slots + (k % window) * segment, length(recv_n, k));
       if (k + window < recv_segments) post_recv(k + window);
     }
     if (k < send_segments) {
@@ -139,8 +143,8 @@ void ring_allgather(Comm& comm, float* data, size_t count, RingScratch& scratch,
   for (int step = 0; step + 1 < n; ++step) {
     const ChunkRange out = ring_chunk(count, n, ring_mod(r + 1 - step, n));
     const ChunkRange in = ring_chunk(count, n, ring_mod(r - step, n));
-    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/false,
-              scratch, options);
+    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/false, scratch,
+              options);
   }
 }
 

@@ -101,9 +101,9 @@ std::vector<float> load_params(const std::string& path) {
                   "{} is not a ringtrain parameter file (no RTPARAMS header)", path);
   // Compare without multiplying: a lying count must not overflow into a "valid" size.
   const auto size = std::filesystem::file_size(path);
-  RINGTRAIN_CHECK(size >= 16 && (size - 16) % sizeof(float) == 0 &&
-                      count == (size - 16) / sizeof(float),
-                  "{} claims {} parameters but holds {} bytes", path, count, size);
+  RINGTRAIN_CHECK(
+      size >= 16 && (size - 16) % sizeof(float) == 0 && count == (size - 16) / sizeof(float),
+      "{} claims {} parameters but holds {} bytes", path, count, size);
   std::vector<float> params(count);
   in.read(reinterpret_cast<char*>(params.data()),
           static_cast<std::streamsize>(count * sizeof(float)));

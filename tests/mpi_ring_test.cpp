@@ -17,13 +17,13 @@ namespace {
 
 int g_rank = 0;
 
-#define EXPECT(cond, ...)                                                                \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s: %s\n", g_rank, __FILE__,   \
-                   __LINE__, #cond, fmt::format(__VA_ARGS__).c_str());                   \
-      MpiSession::abort_job(1);                                                          \
-    }                                                                                    \
+#define EXPECT(cond, ...)                                                                        \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s: %s\n", g_rank, __FILE__, __LINE__, \
+                   #cond, fmt::format(__VA_ARGS__).c_str());                                     \
+      MpiSession::abort_job(1);                                                                  \
+    }                                                                                            \
   } while (0)
 
 uint64_t fnv1a(const void* data, size_t bytes) {
@@ -38,8 +38,7 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 void expect_identical(Comm& comm, const std::vector<float>& data, const char* what) {
   const auto hashes = allgather_value(comm, fnv1a(data.data(), data.size() * sizeof(float)));
   for (int r = 0; r < comm.size(); ++r) {
-    EXPECT(hashes[static_cast<size_t>(r)] == hashes[0], "{}: rank {} differs from rank 0", what,
-           r);
+    EXPECT(hashes[static_cast<size_t>(r)] == hashes[0], "{}: rank {} differs from rank 0", what, r);
   }
 }
 
@@ -116,7 +115,8 @@ void check_broadcast(Comm& comm) {
     }
   }
   const auto ranks = allgather_value(comm, comm.rank() * 10);
-  for (int r = 0; r < comm.size(); ++r) EXPECT(ranks[static_cast<size_t>(r)] == r * 10, "allgather");
+  for (int r = 0; r < comm.size(); ++r)
+    EXPECT(ranks[static_cast<size_t>(r)] == r * 10, "allgather");
 }
 
 }  // namespace

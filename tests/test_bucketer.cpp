@@ -67,13 +67,14 @@ TEST_CASE("buckets are reduced in index order, each exactly once per step", "[bu
     const auto ranges = ranges_of({10, 100, 5, 5, 300, 50});
     std::mutex mutex;
     std::vector<std::pair<int64_t, int64_t>> calls;
-    GradBucketer bucketer(grads.data(), assign_buckets(ranges, 20, 100),
-                          [&](float* data, int64_t count) {
-                            std::lock_guard lock(mutex);
-                            calls.emplace_back(data - grads.data(), count);
-                            for (int64_t i = 0; i < count; ++i) data[i] *= 2.0f;
-                          },
-                          overlap);
+    GradBucketer bucketer(
+        grads.data(), assign_buckets(ranges, 20, 100),
+        [&](float* data, int64_t count) {
+          std::lock_guard lock(mutex);
+          calls.emplace_back(data - grads.data(), count);
+          for (int64_t i = 0; i < count; ++i) data[i] *= 2.0f;
+        },
+        overlap);
     for (int step = 0; step < 3; ++step) {
       bucketer.begin_backward();
       for (const GradRange& range : ranges) bucketer.mark_ready(range);
@@ -92,8 +93,8 @@ TEST_CASE("with overlap a bucket is reduced while backward is still running", "[
   std::vector<float> grads(30, 0.0f);
   const auto ranges = ranges_of({10, 10, 10});
   std::atomic<int> reduced{0};
-  GradBucketer bucketer(grads.data(), assign_buckets(ranges, 1, 1),
-                        [&](float*, int64_t) { ++reduced; }, true);
+  GradBucketer bucketer(
+      grads.data(), assign_buckets(ranges, 1, 1), [&](float*, int64_t) { ++reduced; }, true);
   bucketer.begin_backward();
   bucketer.mark_ready(ranges[0]);
   // "Backward" of the next layers is still going on; the first bucket must not wait for it.
@@ -109,8 +110,8 @@ TEST_CASE("with overlap a bucket is reduced while backward is still running", "[
 
   // Without overlap nothing moves before wait().
   std::atomic<int> late{0};
-  GradBucketer after(grads.data(), assign_buckets(ranges, 1, 1), [&](float*, int64_t) { ++late; },
-                     false);
+  GradBucketer after(
+      grads.data(), assign_buckets(ranges, 1, 1), [&](float*, int64_t) { ++late; }, false);
   after.begin_backward();
   for (const GradRange& range : ranges) after.mark_ready(range);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -124,13 +125,15 @@ TEST_CASE("a failed reduction reaches wait(); misuse is refused", "[bucketer]") 
   std::vector<float> grads(20, 0.0f);
   const auto ranges = ranges_of({10, 10});
   for (bool overlap : {true, false}) {
-    GradBucketer bucketer(grads.data(), assign_buckets(ranges, 1, 1),
-                          [](float*, int64_t) { RINGTRAIN_FAIL("the wire is down"); }, overlap);
+    GradBucketer bucketer(
+        grads.data(), assign_buckets(ranges, 1, 1),
+        [](float*, int64_t) { RINGTRAIN_FAIL("the wire is down"); }, overlap);
     bucketer.begin_backward();
     for (const GradRange& range : ranges) bucketer.mark_ready(range);
     CHECK_THROWS_WITH(bucketer.wait(), Catch::Contains("the wire is down"));
   }
-  GradBucketer bucketer(grads.data(), assign_buckets(ranges, 1, 1), [](float*, int64_t) {}, true);
+  GradBucketer bucketer(
+      grads.data(), assign_buckets(ranges, 1, 1), [](float*, int64_t) {}, true);
   bucketer.begin_backward();
   CHECK_THROWS_AS(bucketer.mark_ready(ranges[1]), Error);  // out of backward order
   CHECK_THROWS_AS(bucketer.wait(), Error);                 // before every gradient was reported
@@ -157,8 +160,7 @@ TEST_CASE("a large layer reports its gradients in row blocks, each final when re
   std::vector<std::vector<float>> at_report;
   model->backward(dlogits, ctx, [&](const GradRange& range) {
     reported.push_back(range);
-    at_report.emplace_back(model->grads().data() + range.begin,
-                           model->grads().data() + range.end);
+    at_report.emplace_back(model->grads().data() + range.begin, model->grads().data() + range.end);
   });
   REQUIRE(reported.size() == pieces.size());
   for (size_t k = 0; k < pieces.size(); ++k) {

@@ -78,8 +78,9 @@ TEST_CASE("a steady-state training step allocates nothing", "[train]") {
       // Through the overlap engine too: handing buckets to the communication thread must not
       // allocate either (the reduction here only counts).
       int64_t reductions = 0;
-      GradBucketer bucketer(model->grads().data(), assign_buckets(model->grad_ranges(), 1, 1),
-                            [&reductions](float*, int64_t) { ++reductions; }, true);
+      GradBucketer bucketer(
+          model->grads().data(), assign_buckets(model->grad_ranges(), 1, 1),
+          [&reductions](float*, int64_t) { ++reductions; }, true);
       const auto step = [&](int64_t s) {
         for (size_t i = 0; i < indices.size(); ++i) {
           indices[i] = (s * 64 + static_cast<int64_t>(i)) % data.count;

@@ -88,8 +88,7 @@ TEST_CASE("ring allreduce sums exactly for world sizes 1..16 and awkward counts"
   }
 }
 
-TEST_CASE("ring allreduce averages: the sum divided by N, the same bits on every rank",
-          "[ring]") {
+TEST_CASE("ring allreduce averages: the sum divided by N, the same bits on every rank", "[ring]") {
   for (int ranks : {1, 2, 3, 5, 7, 16}) {
     for (size_t count : sweep_counts(ranks)) {
       INFO(ranks << " ranks, " << count << " elements");
@@ -131,8 +130,7 @@ TEST_CASE("ring allreduce of random floats is within rounding of a double-precis
   }
 }
 
-TEST_CASE("the ring's bits do not depend on segment size or window, and repeat exactly",
-          "[ring]") {
+TEST_CASE("the ring's bits do not depend on segment size or window, and repeat exactly", "[ring]") {
   const auto input = [](int rank, size_t i) {
     return std::sin(static_cast<float>(i) * 0.37f + static_cast<float>(rank)) * 1e3f;
   };

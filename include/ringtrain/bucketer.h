@@ -29,8 +29,8 @@ struct Bucket {
 };
 
 // Cuts the gradient pieces (Model::grad_ranges: backward order, contiguous from 0) into
-// buckets: a bucket closes at the first piece boundary where it holds at least its limit. The first bucket's limit is
-// small (PyTorch DDP's idea) so that communication starts early; the others use
+// buckets: a bucket closes at the first piece boundary where it holds at least its limit. The first
+// bucket's limit is small (PyTorch DDP's idea) so that communication starts early; the others use
 // bucket_elements. A limit <= 0 puts everything in one bucket.
 std::vector<Bucket> assign_buckets(std::span<const GradRange> layer_ranges,
                                    int64_t first_bucket_elements, int64_t bucket_elements);

@@ -24,10 +24,10 @@ namespace detail {
 }  // namespace ringtrain
 
 // RINGTRAIN_CHECK(cond, "format {}", args...): throw ringtrain::Error when cond is false.
-#define RINGTRAIN_CHECK(cond, ...)                                                        \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]]                                                             \
-      ::ringtrain::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__));   \
+#define RINGTRAIN_CHECK(cond, ...)                                                      \
+  do {                                                                                  \
+    if (!(cond)) [[unlikely]]                                                           \
+      ::ringtrain::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
 // RINGTRAIN_FAIL("format {}", args...): throw unconditionally.

@@ -9,10 +9,10 @@ enum class Device { kCpu, kCuda };
 
 struct Context {
   Device device = Device::kCpu;
-  int threads = 1;          // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
-  void* stream = nullptr;   // cudaStream_t of the compute stream when device == kCuda
-  void* blas = nullptr;     // cublasHandle_t when device == kCuda
-  void* dnn = nullptr;      // cudnnHandle_t when device == kCuda
+  int threads = 1;         // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
+  void* stream = nullptr;  // cudaStream_t of the compute stream when device == kCuda
+  void* blas = nullptr;    // cublasHandle_t when device == kCuda
+  void* dnn = nullptr;     // cudnnHandle_t when device == kCuda
 };
 
 // Applies ctx.threads to the CPU math libraries (Eigen's GEMM).

@@ -20,7 +20,7 @@ struct ParamSpec {
   std::string name;  // "weight", "bias"
   Shape shape;
   Init init;
-  int64_t fan_in = 0;   // used by Glorot: limit = sqrt(6 / (fan_in + fan_out))
+  int64_t fan_in = 0;  // used by Glorot: limit = sqrt(6 / (fan_in + fan_out))
   int64_t fan_out = 0;
 };
 

@@ -76,8 +76,8 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<ParamSpec>> specs_;  // per layer
   std::vector<ParamView> views_;
-  std::vector<std::vector<Tensor>> param_tensors_;  // per layer, views into params_
-  std::vector<std::vector<Tensor>> grad_tensors_;   // per layer, views into grads_
+  std::vector<std::vector<Tensor>> param_tensors_;         // per layer, views into params_
+  std::vector<std::vector<Tensor>> grad_tensors_;          // per layer, views into grads_
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer [begin, end)
   Tensor params_;
   Tensor grads_;

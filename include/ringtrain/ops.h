@@ -56,8 +56,8 @@ void maxpool2d_forward(const T* x, T* y, int64_t batch, int64_t height, int64_t 
                        int64_t channels);
 // The gradient goes to the first position (row-major within the window) holding the max.
 template <typename T>
-void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch,
-                        int64_t height, int64_t width, int64_t channels);
+void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch, int64_t height,
+                        int64_t width, int64_t channels);
 
 // ---- Fused softmax cross-entropy over logits[B,classes] ----
 // Returns the mean loss over the batch; writes dlogits = (softmax - onehot) / B when dlogits

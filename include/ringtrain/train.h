@@ -26,7 +26,7 @@ struct StepStats {
   double loss = 0.0;    // mean over the batch
   int64_t correct = 0;  // rows whose arg-max matched the label
   int64_t samples = 0;
-  CommStats comm;       // zero without a bucketer
+  CommStats comm;  // zero without a bucketer
 };
 
 struct StepWorkspace {
@@ -42,7 +42,9 @@ struct EvalResult {
   int64_t correct = 0;
   int64_t samples = 0;
   double loss_sum = 0.0;  // summed over samples
-  double accuracy() const { return samples ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
+  double accuracy() const {
+    return samples ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0;
+  }
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
 };
 

@@ -80,7 +80,6 @@ void col2im(const T* dcols, T* dx, int64_t batch, int64_t height, int64_t width,
   }
 }
 
-
 // ---- direct path: compile-time channel counts ----
 // The per-pixel accumulators are Eigen fixed-size arrays: Eigen turns each `acc += v * row`
 // into one or two SIMD multiply-adds, which GCC does not reliably do for plain loops here.
@@ -182,8 +181,8 @@ inline void weight_grad_pixels(const T* image, const T* grad, T* dw, Lane<T, kCo
 
 // dw[t, ci, :] = sum over pixels p of x[p + offset(t), ci] * dy[p, :]; db = sum of dy rows.
 template <typename T, int kCin, int kCout>
-void direct_backward_weights(const T* x, const T* dy, T* dw, T* db, int64_t batch,
-                             int64_t height, int64_t width) {
+void direct_backward_weights(const T* x, const T* dy, T* dw, T* db, int64_t batch, int64_t height,
+                             int64_t width) {
   std::fill(dw, dw + kTaps * kCin * kCout, T(0));
   Lane<T, kCout> grad_b = Lane<T, kCout>::Zero();
   for (int64_t bi = 0; bi < batch; ++bi) {
@@ -286,8 +285,8 @@ void conv2d_forward(const T* x, const T* w, const T* b, T* y, T* cols, int64_t b
   im2col(x, cols, batch, height, width, cin);
   MatrixMap<T> y_m(y, pixels, cout);
   y_m.rowwise() = ConstRowVectorMap<T>(b, cout);
-  y_m.noalias() += ConstMatrixMap<T>(cols, pixels, kTaps * cin) *
-                   ConstMatrixMap<T>(w, kTaps * cin, cout);
+  y_m.noalias() +=
+      ConstMatrixMap<T>(cols, pixels, kTaps * cin) * ConstMatrixMap<T>(w, kTaps * cin, cout);
 }
 
 template <typename T>
@@ -315,14 +314,14 @@ void conv2d_backward(const T* x, const T* cols, const T* w, const T* dy, T* dw, 
 
 template void conv2d_forward<float>(const float*, const float*, const float*, float*, float*,
                                     int64_t, int64_t, int64_t, int64_t, int64_t);
-template void conv2d_forward<double>(const double*, const double*, const double*, double*,
-                                     double*, int64_t, int64_t, int64_t, int64_t, int64_t);
-template void conv2d_backward<float>(const float*, const float*, const float*, const float*,
-                                     float*, float*, float*, float*, int64_t, int64_t, int64_t,
-                                     int64_t, int64_t);
-template void conv2d_backward<double>(const double*, const double*, const double*,
-                                      const double*, double*, double*, double*, double*, int64_t,
-                                      int64_t, int64_t, int64_t, int64_t);
+template void conv2d_forward<double>(const double*, const double*, const double*, double*, double*,
+                                     int64_t, int64_t, int64_t, int64_t, int64_t);
+template void conv2d_backward<float>(const float*, const float*, const float*, const float*, float*,
+                                     float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
+                                     int64_t);
+template void conv2d_backward<double>(const double*, const double*, const double*, const double*,
+                                      double*, double*, double*, double*, int64_t, int64_t, int64_t,
+                                      int64_t, int64_t);
 
 namespace {
 
@@ -335,14 +334,13 @@ class Conv2D final : public Layer {
   }
   std::string name() const override { return fmt::format("conv3x3({}->{})", cin_, cout_); }
   Shape output_shape(const Shape& input) const override {
-    RINGTRAIN_CHECK(input.rank() == 3 && input[2] == cin_,
-                    "{} expects samples [H, W, {}], got {}", name(), cin_, input.str());
+    RINGTRAIN_CHECK(input.rank() == 3 && input[2] == cin_, "{} expects samples [H, W, {}], got {}",
+                    name(), cin_, input.str());
     return Shape{input[0], input[1], cout_};
   }
   std::vector<ParamSpec> param_specs() const override {
     // TensorFlow's Glorot fans for a conv kernel: receptive field times channels.
-    return {{"weight", Shape{3, 3, cin_, cout_}, Init::kGlorotUniform, kTaps * cin_,
-             kTaps * cout_},
+    return {{"weight", Shape{3, 3, cin_, cout_}, Init::kGlorotUniform, kTaps * cin_, kTaps * cout_},
             {"bias", Shape{cout_}, Init::kZeros, kTaps * cin_, kTaps * cout_}};
   }
   void bind(std::span<Tensor> params, std::span<Tensor> grads) override {

@@ -102,8 +102,8 @@ class Dense final : public Layer {
                        const GradProgressFn& progress) override {
     const int64_t batch = x.dim(0);
     if (rows_per_piece() >= in_) {
-      dense_backward<float>(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr,
-                            batch, in_, out_);
+      dense_backward<float>(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr, batch,
+                            in_, out_);
       return;
     }
     // A large weight: its gradient in row blocks, each reported when done (the bias, which

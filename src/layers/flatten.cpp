@@ -22,6 +22,8 @@ class Flatten final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
+std::unique_ptr<Layer> make_flatten() {
+  return std::make_unique<Flatten>();
+}
 
 }  // namespace ringtrain

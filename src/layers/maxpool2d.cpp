@@ -80,19 +80,20 @@ void maxpool2d_backward_impl(const T* x, const T* y, const T* dy, T* dx, int64_t
 }  // namespace
 
 template <typename T>
-void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch,
-                        int64_t height, int64_t width, int64_t channels) {
+void maxpool2d_backward(const T* x, const T* y, const T* dy, T* dx, int64_t batch, int64_t height,
+                        int64_t width, int64_t channels) {
   switch (channels) {
-    case 8: return maxpool2d_backward_impl<T, 8>(x, y, dy, dx, batch, height, width, channels);
-    case 16: return maxpool2d_backward_impl<T, 16>(x, y, dy, dx, batch, height, width, channels);
+    case 8:
+      return maxpool2d_backward_impl<T, 8>(x, y, dy, dx, batch, height, width, channels);
+    case 16:
+      return maxpool2d_backward_impl<T, 16>(x, y, dy, dx, batch, height, width, channels);
     default:
       return maxpool2d_backward_impl<T, 0>(x, y, dy, dx, batch, height, width, channels);
   }
 }
 
 template void maxpool2d_forward<float>(const float*, float*, int64_t, int64_t, int64_t, int64_t);
-template void maxpool2d_forward<double>(const double*, double*, int64_t, int64_t, int64_t,
-                                        int64_t);
+template void maxpool2d_forward<double>(const double*, double*, int64_t, int64_t, int64_t, int64_t);
 template void maxpool2d_backward<float>(const float*, const float*, const float*, float*, int64_t,
                                         int64_t, int64_t, int64_t);
 template void maxpool2d_backward<double>(const double*, const double*, const double*, double*,
@@ -105,8 +106,7 @@ class MaxPool2D final : public Layer {
   std::string name() const override { return "maxpool2x2"; }
   Shape output_shape(const Shape& input) const override {
     RINGTRAIN_CHECK(input.rank() == 3 && input[0] % 2 == 0 && input[1] % 2 == 0,
-                    "maxpool2x2 expects samples [H, W, C] with even H and W, got {}",
-                    input.str());
+                    "maxpool2x2 expects samples [H, W, C] with even H and W, got {}", input.str());
     return Shape{input[0] / 2, input[1] / 2, input[2]};
   }
   void forward(const Tensor& x, Tensor& y, Context&) override {
@@ -123,6 +123,8 @@ class MaxPool2D final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_maxpool2d() { return std::make_unique<MaxPool2D>(); }
+std::unique_ptr<Layer> make_maxpool2d() {
+  return std::make_unique<MaxPool2D>();
+}
 
 }  // namespace ringtrain

@@ -38,6 +38,8 @@ class Relu final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
+std::unique_ptr<Layer> make_relu() {
+  return std::make_unique<Relu>();
+}
 
 }  // namespace ringtrain
