@@ -259,22 +259,53 @@ int run_expect_timeout(MpiComm& comm) {
     const double waited = wall_seconds() - start;
     CHECK(waited >= 0.9 && waited < 30.0);
   }
-  // Both ranks go on; the cancelled receive must not stop this or MPI_Finalize.
+  // Both ranks go on; the cancelled receive must not stop this or MPI_Finalize. Rank 1 joins
+  // the barrier only after rank 0 has given up (1 s): the barrier has a deadline too.
+  if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   comm.barrier();
   return 0;
+}
+
+// Rank 1 reaches the barrier 4 s late: rank 0's barrier must give up after 1 s with an error
+// that names the collective. The job cannot finish cleanly after that (a collective cannot be
+// cancelled), so ctest matches the printed line, not the exit code.
+int run_expect_collective_timeout(MpiComm& comm) {
+  CHECK(comm.size() == 2);
+  if (comm.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    comm.barrier();
+    return 0;
+  }
+  const double start = wall_seconds();
+  try {
+    comm.barrier();
+  } catch (const ringtrain::Error& error) {
+    const double waited = wall_seconds() - start;
+    CHECK(contains(error.what(), "rank 0: no progress for 1 s in a barrier"));
+    CHECK(waited >= 0.9 && waited < 3.5);
+    std::printf("expected collective timeout: %s\n", error.what());
+    std::fflush(stdout);
+    MpiSession::abort_job(0);
+  }
+  std::printf("the barrier did not time out\n");
+  MpiSession::abort_job(1);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool expect_timeout = argc > 1 && std::strcmp(argv[1], "--expect-timeout") == 0;
+  const bool expect_collective_timeout =
+      argc > 1 && std::strcmp(argv[1], "--expect-collective-timeout") == 0;
   try {
     MpiSession session(&argc, &argv);
     int code = 0;
     {
       MpiComm comm;
       g_rank = comm.rank();
-      code = expect_timeout ? run_expect_timeout(comm) : run_all(comm, session);
+      code = expect_timeout              ? run_expect_timeout(comm)
+             : expect_collective_timeout ? run_expect_collective_timeout(comm)
+                                         : run_all(comm, session);
     }
     return code;
   } catch (const std::exception& error) {

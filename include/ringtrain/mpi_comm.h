@@ -81,6 +81,9 @@ class MpiComm final : public Comm {
   int64_t acquire_slot(const Transfer& transfer);  // caller holds mutex_
   void release_slot(int64_t slot);                 // caller holds mutex_
   [[noreturn]] void fail_transfer(const Transfer& transfer, const char* call, int code) const;
+  // Polls a non-blocking collective to completion under the same deadline as wait(), so that
+  // a rank that never joins (stalled, or in another collective) is an error, not a hang.
+  void complete_collective(MPI_Request& request, const char* what);
 
   std::vector<MPI_Request> requests_;  // slots indexed by CommRequest::id
   std::vector<Transfer> transfers_;    // parallel to requests_

@@ -276,6 +276,29 @@ void MpiComm::wait(CommRequest& request) {
   }
 }
 
+void MpiComm::complete_collective(MPI_Request& request, const char* what) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(timeout_s_));
+  for (;;) {
+    int done = 0;
+    RINGTRAIN_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const auto now = Clock::now();
+    // A collective cannot be cancelled: the request is abandoned and the job must end, which
+    // is what main() does with any error.
+    RINGTRAIN_CHECK(now < deadline,
+                    "rank {}: no progress for {:g} s in {}; did every rank reach it (a rank that "
+                    "died, stalled or called another collective)? set RINGTRAIN_COMM_TIMEOUT_S "
+                    "to wait longer",
+                    rank_, timeout_s_, what);
+    if (now - start >= spin_) std::this_thread::sleep_for(kBackoff);
+  }
+}
+
+// The blocking MPI_Allreduce on purpose: it is the library's own algorithm, the baseline the
+// ring is measured against (MPI_Iallreduce runs a different implementation in Open MPI), so it
+// has no deadline of ours; the ring's own waits do.
 void MpiComm::allreduce_library(float* data, size_t n, ReduceOp op) {
   for (size_t offset = 0; offset < n; offset += kMaxPieceFloats) {
     const auto piece = static_cast<int>(std::min(kMaxPieceFloats, n - offset));
@@ -294,7 +317,9 @@ void MpiComm::broadcast(void* data, size_t bytes, int root) {
   auto* base = static_cast<char*>(data);
   for (size_t offset = 0; offset < bytes; offset += kMaxPieceBytes) {
     const auto piece = static_cast<int>(std::min(kMaxPieceBytes, bytes - offset));
-    RINGTRAIN_CHECK_MPI(MPI_Bcast(base + offset, piece, MPI_BYTE, root, comm_));
+    MPI_Request request;
+    RINGTRAIN_CHECK_MPI(MPI_Ibcast(base + offset, piece, MPI_BYTE, root, comm_, &request));
+    complete_collective(request, fmt::format("a broadcast from rank {}", root).c_str());
   }
 }
 
@@ -303,11 +328,16 @@ void MpiComm::allgather(const void* send, void* recv, size_t bytes) {
                   "allgather of {} bytes per rank is over MPI's int count", bytes);
   if (bytes == 0) return;
   const auto count = static_cast<int>(bytes);
-  RINGTRAIN_CHECK_MPI(MPI_Allgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_));
+  MPI_Request request;
+  RINGTRAIN_CHECK_MPI(
+      MPI_Iallgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, &request));
+  complete_collective(request, "an allgather");
 }
 
 void MpiComm::barrier() {
-  RINGTRAIN_CHECK_MPI(MPI_Barrier(comm_));
+  MPI_Request request;
+  RINGTRAIN_CHECK_MPI(MPI_Ibarrier(comm_, &request));
+  complete_collective(request, "a barrier");
 }
 
 }  // namespace ringtrain
