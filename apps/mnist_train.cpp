@@ -2,6 +2,7 @@
 // ranks of `mpirun -np N` (or on one process without mpirun). The loop lives here, in plain
 // sight: take this rank's share of the global batch, step (the ring averages the gradients
 // while backward runs), log, evaluate, summarise.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -356,7 +357,7 @@ int run(const Options& o, Comm& comm) {
       "summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
       "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
       times.mean(times.compute_ms), times.mean(times.comm_ms), times.mean(times.exposed_ms),
-      times.overlap_efficiency() * 100.0, ranks, overlap ? "overlapped" : "not overlapped");
+      std::max(0.0, times.overlap_efficiency()) * 100.0, ranks, overlap ? "overlapped" : "not overlapped");
   metrics.write("summary", {{"test_accuracy", eval.accuracy()},
                             {"images_per_sec", images_per_sec},
                             {"step_ms", step_ms},
