@@ -47,12 +47,7 @@ NCPU="$(env -u OMP_NUM_THREADS nproc)"
 log() { echo "[bench_accuracy] $*" >&2; }
 
 # ---- build ringtrain (Release) if needed ----
-build_type="$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)"
-if [[ "$build_type" != "Release" ]]; then
-  log "configuring $BUILD_DIR (Release)"
-  cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >&2
-fi
-cmake --build "$BUILD_DIR" -j"$NCPU" --target mnist_train >&2
+BUILD_DIR="$BUILD_DIR" "$ROOT/scripts/build.sh" >&2  # configures (Release) and builds
 BIN="$BUILD_DIR/mnist_train"
 
 WORK="$(mktemp -d)"

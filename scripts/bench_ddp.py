@@ -50,10 +50,9 @@ from datetime import timedelta  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from torch_common import find_idx, load_split, make_model, parse_hidden  # noqa: E402
+from torch_common import find_idx, load_split, make_model, parse_hidden, train_step  # noqa: E402
 
 CHECK_TOLERANCE = 1e-4
 INIT_TIMEOUT_S = 120
@@ -87,16 +86,6 @@ class Sampler:
 
 def make_optimizer(params, args):
     return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
-
-
-def train_step(model, opt, train_x, train_y, idx):
-    x = train_x[idx].float().div_(255.0)
-    y = train_y[idx].long()
-    loss = F.cross_entropy(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss
 
 
 def free_port():

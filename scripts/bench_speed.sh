@@ -76,12 +76,7 @@ fi
 PY="$(command -v python3 || echo /usr/bin/python3)"   # any python3 will do for JSON parsing
 
 # ---- build ringtrain (Release) if needed ----
-build_type="$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)"
-if [[ "$build_type" != "Release" ]]; then
-  log "configuring $BUILD_DIR (Release)"
-  cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >&2
-fi
-cmake --build "$BUILD_DIR" -j"$NCPU" --target mnist_train >&2
+BUILD_DIR="$BUILD_DIR" "$ROOT/scripts/build.sh" >&2  # configures (Release) and builds
 BIN="$BUILD_DIR/mnist_train"
 
 WORK="$(mktemp -d)"

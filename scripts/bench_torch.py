@@ -22,10 +22,9 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 # The IDX loading, the models and blas_info() are shared with scripts/bench_ddp.py.
-from torch_common import blas_info, load_split, make_model
+from torch_common import blas_info, load_split, make_model, train_step
 
 
 def main():
@@ -75,12 +74,7 @@ def main():
         if pos == 0:
             perm = torch.randperm(n, generator=gen)  # a fresh shuffle each epoch
         idx = perm[pos * args.batch_size:(pos + 1) * args.batch_size]
-        x = train_x[idx].float().div_(255.0)
-        y = train_y[idx].long()
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = train_step(model, opt, train_x, train_y, idx)
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             timed_seconds += elapsed

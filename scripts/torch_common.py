@@ -78,6 +78,17 @@ def make_model(name, hidden=DEFAULT_HIDDEN):
     raise ValueError(f"unknown model {name}")
 
 
+def train_step(model, opt, train_x, train_y, idx):
+    """One timed step, as ringtrain's: bytes -> [0, 1] floats, forward, loss, backward, update."""
+    x = train_x[idx].float().div_(255.0)
+    y = train_y[idx].long()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def blas_info():
     """What torch says about its BLAS (OpenBLAS/MKL mentions), plus the BLAS library actually mapped."""
     mentions = []

@@ -40,22 +40,12 @@ EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64
   return total;
 }
 
-namespace {
-uint64_t fnv1a(const float* data, int64_t count) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < static_cast<size_t>(count) * sizeof(float); ++i) {
-    hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
-  }
-  return hash;
-}
-}  // namespace
-
 void check_replicas(Comm& comm, const Model& model, int64_t step) {
   const auto& views = model.param_views();
   std::vector<uint64_t> mine(views.size());
   for (size_t v = 0; v < views.size(); ++v) {
-    mine[v] = fnv1a(model.params().data() + views[v].offset, views[v].size);
+    mine[v] = hash_bytes(model.params().data() + views[v].offset,
+                         static_cast<size_t>(views[v].size) * sizeof(float));
   }
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(comm.size()));
   comm.allgather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));

@@ -60,6 +60,12 @@ void Model::finalize() {
     }
     layers_[static_cast<size_t>(i)]->bind(params, grads);
   }
+  // The input gradient of layer i is needed only if a layer before it has parameters.
+  first_with_params_ = count;
+  for (int i = count - 1; i >= 0; --i) {
+    const auto [begin, end] = layer_ranges_[static_cast<size_t>(i)];
+    if (end > begin) first_with_params_ = i;
+  }
   acts_.resize(static_cast<size_t>(count + 1));
   dacts_.resize(static_cast<size_t>(count + 1));
   finalized_ = true;
@@ -116,16 +122,7 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
                   "backward() got dlogits {} for logits {}", dlogits.shape().str(),
                   acts_.back().shape().str());
   dacts_.back() = dlogits;
-  // The input gradient of layer i is needed only if a layer before it has parameters.
-  int first_with_params = num_layers();
-  for (int i = 0; i < num_layers(); ++i) {
-    if (layer_ranges_[static_cast<size_t>(i)].second >
-        layer_ranges_[static_cast<size_t>(i)].first) {
-      first_with_params = i;
-      break;
-    }
-  }
-  for (int i = num_layers() - 1; i >= first_with_params; --i) {
+  for (int i = num_layers() - 1; i >= first_with_params_; --i) {
     const auto index = static_cast<size_t>(i);
     Layer& layer = *layers_[index];
     const auto [begin, end] = layer_ranges_[index];
@@ -146,7 +143,7 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
       layer.backward_params(acts_[index], acts_[index + 1], dacts_[index + 1], ctx, progress);
       progress(end - begin);
     }
-    if (i > first_with_params) {
+    if (i > first_with_params_) {
       layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
     }
   }

@@ -26,17 +26,9 @@ int g_rank = 0;
     }                                                                                            \
   } while (0)
 
-uint64_t fnv1a(const void* data, size_t bytes) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < bytes; ++i) {
-    hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 0x100000001b3ULL;
-  }
-  return hash;
-}
-
 // Every rank holds the same bits.
 void expect_identical(Comm& comm, const std::vector<float>& data, const char* what) {
-  const auto hashes = allgather_value(comm, fnv1a(data.data(), data.size() * sizeof(float)));
+  const auto hashes = allgather_value(comm, hash_bytes(data.data(), data.size() * sizeof(float)));
   for (int r = 0; r < comm.size(); ++r) {
     EXPECT(hashes[static_cast<size_t>(r)] == hashes[0], "{}: rank {} differs from rank 0", what, r);
   }

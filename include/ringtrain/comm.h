@@ -63,6 +63,10 @@ class Comm {
   virtual void barrier() = 0;
 };
 
+// A 64-bit hash of a buffer's bytes (FNV-1a's step over 8-byte words, then the tail bytes),
+// for checking that ranks hold the same bits: gather one hash per rank instead of the data.
+uint64_t hash_bytes(const void* data, size_t bytes);
+
 // Typed helpers over the byte-level collectives.
 template <typename T>
 void broadcast_values(Comm& comm, std::vector<T>& values, int root) {

@@ -83,6 +83,7 @@ class Model {
   Tensor grads_;
   std::vector<Tensor> acts_;   // acts_[i] is layer i's input; acts_[L] the logits
   std::vector<Tensor> dacts_;  // dacts_[i] is d loss / d acts_[i]
+  int first_with_params_ = 0;  // backward stops here: no layer before it needs a gradient
   bool finalized_ = false;
 };
 
