@@ -13,6 +13,8 @@ packages=(
   zlib1g-dev                      # .gz data files
   dataset-fashion-mnist           # the default data: /usr/share/datasets/fashion-mnist
   iproute2                        # ip, tc: the emulated cluster (scripts/netns_cluster.sh)
+  openssh-server openssh-client   # sshd in namespaces: the multi-host ringrun test
+  clang libclang-rt-14-dev        # libFuzzer targets for the file parsers (fuzz/)
 )
 
 missing=()
