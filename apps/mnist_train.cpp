@@ -1,9 +1,14 @@
 // mnist_train: trains the source documents' MNIST models (mlp, cnn), data-parallel over the
 // ranks of `mpirun -np N` (or on one process without mpirun). The loop lives here, in plain
 // sight: take this rank's share of the global batch, step (the ring averages the gradients
-// while backward runs), log, evaluate, summarise.
+// while backward runs), log, evaluate, checkpoint, summarise.
+//
+// Before training, the ranks compare their configurations (a mismatch would hang or diverge)
+// and resume from the newest valid checkpoint; during training a watchdog ends the job when a
+// collective stops making progress. Failures and exit codes: docs/failures.md.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -14,6 +19,7 @@
 
 #include "ringtrain/bucketer.h"
 #include "ringtrain/check.h"
+#include "ringtrain/checkpoint.h"
 #include "ringtrain/data.h"
 #include "ringtrain/distributed.h"
 #include "ringtrain/log.h"
@@ -22,6 +28,7 @@
 #include "ringtrain/optim.h"
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
+#include "ringtrain/watchdog.h"
 
 namespace {
 
@@ -54,9 +61,38 @@ struct Options {
   double first_bucket_mb = 0.25;
   std::string lr_scaling = "none";
   int64_t check_replicas = 0;
+  // Checkpoints and failures.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  double checkpoint_secs = 0.0;
+  int keep_checkpoints = 3;
+  std::string resume = "auto";
+  double collective_timeout = 60.0;
+  bool check_finite = false;
+  int64_t max_bad_steps = 5;
+  bool batch_size_given = false;  // set from the command line: --batch-size was passed
+  // Testing only.
   double test_comm_delay_ms = 0.0;
   int test_perturb_rank = -1;
+  int test_fail_rank = -1;
+  int64_t test_fail_at_step = -1;
+  int test_stall_rank = -1;
+  int64_t test_stall_at_step = -1;
+  double test_stall_seconds = 0.0;
+  int test_nan_rank = -1;
+  std::vector<int64_t> test_nan_steps;
 };
+
+// CLI11 checks ranges but lets "inf" and "nan" through a PositiveNumber check.
+const auto kFinite = CLI::Validator(
+    [](const std::string& text) -> std::string {
+      char* end = nullptr;
+      const double value = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() || *end != '\0' || !std::isfinite(value))
+        return "must be a finite number, got '" + text + "'";
+      return {};
+    },
+    "FINITE");
 
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("--data-dir", o.data_dir,
@@ -71,7 +107,8 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::PositiveNumber)
       ->excludes(epochs);
   app.add_option("--batch-size", o.batch_size, "Samples per step")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.schedule.base_lr, "Base learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.schedule.base_lr, "Base learning rate")
+      ->check(kFinite & CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer.kind, "sgd or adam");
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum (PyTorch form)");
   app.add_flag("--nesterov", o.optimizer.nesterov, "Nesterov momentum for SGD");
@@ -133,6 +170,29 @@ void add_flags(CLI::App& app, Options& o) {
                  "Every K steps (and at the end), check that all ranks hold identical "
                  "parameters (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Write checkpoints here (the chief, rank 0, writes) and resume from them");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "Steps between checkpoints (0: none by count); a last one is written at the end")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-secs", o.checkpoint_secs,
+                 "Seconds between checkpoints (0: none by time)")
+      ->check(kFinite & CLI::NonNegativeNumber);
+  app.add_option("--keep-checkpoints", o.keep_checkpoints, "How many checkpoints to keep")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--resume", o.resume,
+                 "auto: continue from the newest valid checkpoint in --checkpoint-dir if there "
+                 "is one; never: refuse a directory that has checkpoints; or a checkpoint file");
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "Seconds a collective may go without progress before the watchdog ends the job "
+                 "and reports every rank's state")
+      ->check(kFinite & CLI::PositiveNumber);
+  app.add_flag("--check-finite", o.check_finite,
+               "Skip the update of a step whose loss or averaged gradients hold NaN or Inf on "
+               "any rank (decided identically on all ranks)");
+  app.add_option("--max-bad-steps", o.max_bad_steps,
+                 "--check-finite: stop the job after this many consecutive skipped steps")
+      ->check(CLI::PositiveNumber);
   app.add_option("--test-comm-delay-ms", o.test_comm_delay_ms,
                  "Testing only: sleep this long before each bucket's reduction")
       ->group("")
@@ -141,9 +201,23 @@ void add_flags(CLI::App& app, Options& o) {
                  "Testing only: after the first step, nudge one parameter on this rank so that "
                  "the replica check must catch it")
       ->group("");
+  app.add_option("--test-fail-rank", o.test_fail_rank, "Testing only: this rank throws...")
+      ->group("");
+  app.add_option("--test-fail-at-step", o.test_fail_at_step, "...when it starts this step")
+      ->group("");
+  app.add_option("--test-stall-rank", o.test_stall_rank, "Testing only: this rank sleeps...")
+      ->group("");
+  app.add_option("--test-stall-at-step", o.test_stall_at_step, "...when it starts this step...")
+      ->group("");
+  app.add_option("--test-stall-seconds", o.test_stall_seconds, "...for this long")->group("");
+  app.add_option("--test-nan-rank", o.test_nan_rank,
+                 "Testing only: this rank puts a NaN into its batch...")
+      ->group("");
+  app.add_option("--test-nan-steps", o.test_nan_steps, "...at these steps")
+      ->delimiter(',')
+      ->group("");
 }
 
-// Evaluates the test set with the given weights in the model (restoring the trained ones).
 // Evaluates the test set, split over the ranks, with the EMA weights when there are any
 // (restoring the trained ones after).
 EvalResult evaluate_test(Comm& comm, Model& model, const Dataset& test, const Options& o,
@@ -155,6 +229,139 @@ EvalResult evaluate_test(Comm& comm, Model& model, const Dataset& test, const Op
   EvalResult result = evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
   std::copy(trained.begin(), trained.end(), params.data());
   return result;
+}
+
+std::string describe_optimizer(const OptimizerConfig& c) {
+  return fmt::format("{} momentum {} nesterov {} wd {} betas {} {} eps {}", c.kind, c.momentum,
+                     c.nesterov, c.weight_decay, c.beta1, c.beta2, c.epsilon);
+}
+
+std::string describe_schedule(const LrSchedule& s) {
+  return fmt::format("{} lr {} decay {} per {} staircase {} warmup {} batch {} reference {}",
+                     s.kind, s.base_lr, s.decay_rate, s.decay_steps, s.staircase, s.warmup_steps,
+                     s.global_batch, s.reference_batch);
+}
+
+template <typename T>
+std::string join(const std::vector<T>& values) {
+  return fmt::format("{}", fmt::join(values, ","));
+}
+
+// Everything that must be equal on every rank for the collectives to line up and the replicas
+// to stay identical. Per-node settings (--threads, --overlap's decision) may differ.
+std::vector<ConfigField> config_fields(const Options& o, const Model& model,
+                                       const MnistData& data) {
+  const auto data_hash = [](const Dataset& d) {
+    return fmt::format("{} x {}x{} images {:016x} labels {:016x}", d.count, d.rows, d.cols,
+                       hash_bytes(d.images.data(), d.images.size()),
+                       hash_bytes(d.labels.data(), d.labels.size()));
+  };
+  return {
+      {"code version", RINGTRAIN_CODE_VERSION},
+      {"model", o.model + " " + join(o.hidden)},
+      {"layers", model.signature()},
+      {"parameters", std::to_string(model.num_params())},
+      {"--batch-size", fmt::format("{}{}", o.batch_size, o.batch_size_given ? "" : " (default)")},
+      {"--steps/--epochs", fmt::format("{} / {}", o.steps, o.epochs)},
+      {"--seed", std::to_string(o.seed)},
+      {"optimizer", describe_optimizer(o.optimizer)},
+      {"lr schedule", describe_schedule(o.schedule) +
+                          fmt::format(" warmup-epochs {} scaling {}", o.warmup_epochs,
+                                      o.lr_scaling)},
+      {"--ema-decay", fmt::format("{}", o.ema_decay)},
+      {"training data", data_hash(data.train)},
+      {"test data", data_hash(data.test)},
+      {"--allreduce", o.allreduce},
+      {"buckets", fmt::format("first {} MB, then {} MB", o.first_bucket_mb,
+                              o.fusion_threshold_mb)},
+      {"--check-replicas", std::to_string(o.check_replicas)},
+      {"--eval-every/--eval-batch", fmt::format("{} / {}", o.eval_every, o.eval_batch)},
+      {"--check-finite", fmt::format("{} (max {} bad steps)", o.check_finite, o.max_bad_steps)},
+      {"--resume", o.resume},
+  };
+}
+
+// The chief finds the checkpoint to resume from (and proves the checkpoint directory is
+// writable); every rank receives its verified bytes, or the chief's error. Collective.
+std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
+  const PhaseScope phase(comm.board(), "checkpoint broadcast");
+  std::vector<uint8_t> payload;
+  int64_t status = 0;  // > 0: a checkpoint of that many bytes; 0: none; < 0: an error message
+  if (comm.rank() == 0) {
+    try {
+      std::optional<CheckpointDir> dir;
+      if (!o.checkpoint_dir.empty()) {
+        dir.emplace(o.checkpoint_dir, o.keep_checkpoints);
+        dir->ensure_writable();
+      }
+      if (o.resume != "auto" && o.resume != "never") {
+        payload = read_file_bytes(o.resume);
+        const Checkpoint checked = decode_checkpoint(payload, o.resume);
+        spdlog::info("resuming from {} (--resume): step {}", o.resume, checked.step);
+      } else if (dir) {
+        std::vector<std::string> skipped;
+        std::optional<CheckpointDir::Loaded> newest = dir->load_newest_valid(skipped);
+        for (const std::string& why : skipped) spdlog::warn("skipping a checkpoint: {}", why);
+        if (newest && o.resume == "never") {
+          throw Error(fmt::format("--checkpoint-dir {} holds checkpoints (newest {}) and --resume "
+                                  "is never: continue that run with --resume auto, or choose an "
+                                  "empty directory; nothing there was changed",
+                                  o.checkpoint_dir, newest->path),
+                      ExitCode::kBadInput);
+        }
+        if (newest) {
+          spdlog::info("resuming from {}: step {}", newest->path, newest->checkpoint.step);
+          payload = std::move(newest->bytes);
+        } else if (!skipped.empty()) {
+          throw Error(fmt::format("--checkpoint-dir {}: none of its {} checkpoint(s) is valid "
+                                  "(see the warnings above); move them away to start afresh",
+                                  o.checkpoint_dir, skipped.size()),
+                      ExitCode::kBadInput);
+        }
+      }
+      status = static_cast<int64_t>(payload.size());
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      payload.assign(message.begin(), message.end());
+      status = -static_cast<int64_t>(payload.size());
+    }
+  }
+  comm.broadcast(&status, sizeof(status), 0);
+  payload.resize(static_cast<size_t>(status < 0 ? -status : status));
+  if (!payload.empty()) comm.broadcast(payload.data(), payload.size(), 0);
+  if (status < 0) {
+    throw Error(std::string(payload.begin(), payload.end()), ExitCode::kBadInput,
+                /*on_every_rank=*/true);
+  }
+  if (status == 0) return std::nullopt;
+  return decode_checkpoint(payload, o.resume != "auto" && o.resume != "never"
+                                        ? o.resume
+                                        : "(broadcast from rank 0)");
+}
+
+// A checkpoint that cannot continue this run is refused with the reason; every rank decides
+// the same from the same bytes and flags.
+[[noreturn]] void refuse(const std::string& message) {
+  throw Error(message, ExitCode::kBadInput, /*on_every_rank=*/true);
+}
+
+void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& model,
+                           const Optimizer& optimizer, size_t optimizer_buffers) {
+  if (c.model != o.model || c.layers != model.signature() || c.num_params != model.num_params())
+    refuse(fmt::format("the checkpoint at step {} is of model {} ({}, {} parameters); this run "
+                       "builds {} ({}, {} parameters): use the same --model and --hidden, or "
+                       "another --checkpoint-dir",
+                       c.step, c.model, c.layers, c.num_params, o.model, model.signature(),
+                       model.num_params()));
+  if (c.optimizer != optimizer.name() || c.optimizer_state.size() != optimizer_buffers)
+    refuse(fmt::format("the checkpoint at step {} holds {} state with {} buffer(s); this run's "
+                       "{} needs {}: use the optimizer flags of the run that wrote it",
+                       c.step, c.optimizer, c.optimizer_state.size(), optimizer.name(),
+                       optimizer_buffers));
+  if (c.seed != o.seed)
+    refuse(fmt::format("the checkpoint at step {} was written with --seed {}, this run has "
+                       "--seed {}: the data order would change; pass --seed {}",
+                       c.step, c.seed, o.seed, c.seed));
 }
 
 // Means per step of the step's parts, in milliseconds.
@@ -172,20 +379,42 @@ struct StepTimes {
   double overlap_efficiency() const { return comm_ms > 0 ? 1.0 - exposed_ms / comm_ms : 0.0; }
 };
 
-int run(const Options& o, Comm& comm) {
+bool all_finite(std::span<const float> values) {
+  bool finite = true;
+  for (const float v : values) finite &= std::isfinite(v);  // branch-free: the loop vectorises
+  return finite;
+}
+
+int run(Options o, MpiComm& comm) {
   const int rank = comm.rank(), ranks = comm.size();
   // Every rank logs warnings and errors; progress comes from rank 0 only.
   setup_logging(rank, o.log_level);
   if (rank != 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);
+  // The transport's own deadline is a backstop behind the watchdog, which reports more.
+  comm.set_timeout(o.collective_timeout + 30.0);
+  std::optional<CollectiveWatchdog> watchdog;
+  if (ranks > 1) watchdog.emplace(comm, o.collective_timeout);
   set_cpu_threads(o.threads);
   Context ctx;
   ctx.threads = o.threads;
+  for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
+                                    std::pair{"--test-stall-rank", o.test_stall_rank},
+                                    std::pair{"--test-nan-rank", o.test_nan_rank},
+                                    std::pair{"--test-perturb-rank", o.test_perturb_rank}}) {
+    RINGTRAIN_CHECK(value < ranks, "{} {} names a rank outside the {} ranks of this job", flag,
+                    value, ranks);
+  }
 
   const std::string data_dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
   spdlog::info("data: {}{}", data_dir,
                o.data_dir.empty() ? " (default; --data-dir to change)" : "");
-  const MnistData data = load_mnist_dir(data_dir);
+  MnistData data;
+  try {
+    data = load_mnist_dir(data_dir);
+  } catch (const Error& error) {
+    throw Error(fmt::format("rank {}: {}", rank, error.what()), ExitCode::kBadInput);
+  }
   spdlog::info("data: {} train, {} test images of {}x{}", data.train.count, data.test.count,
                data.train.rows, data.train.cols);
 
@@ -195,17 +424,40 @@ int run(const Options& o, Comm& comm) {
                  .width = data.train.cols,
                  .classes = 10};
   std::unique_ptr<Model> model = make_model(spec);
-  // The chief initialises; everyone starts from its bits.
-  if (rank == 0) model->init_params(o.seed);
-  broadcast_params(comm, *model);
-  spdlog::info("model {}:\n{}", o.model, model->summary());
+  // The first collective: nothing that depends on the flags runs before the ranks agree on them.
+  check_config_consistency(comm, config_fields(o, *model, data));
+  if (rank == 0 && ranks > 1)
+    spdlog::info("configuration check: all {} ranks agree ({})", ranks, RINGTRAIN_CODE_VERSION);
+
+  const std::optional<Checkpoint> resumed = resolve_checkpoint(comm, o);
+  if (resumed) {
+    // The global batch and the data order are the checkpoint's; the per-rank batch follows
+    // the rank count.
+    const int64_t global = resumed->global_batch;
+    if (o.batch_size_given && o.batch_size * ranks != global)
+      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
+                         "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
+                         "pass --batch-size {} or leave it out",
+                         resumed->step, global, resumed->ranks, ranks, o.batch_size,
+                         o.batch_size * ranks, global % ranks == 0 ? global / ranks : 0));
+    if (global % ranks != 0)
+      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
+                         "ranks cannot share evenly: resume on a rank count that divides {}",
+                         resumed->step, global, ranks, global));
+    if (resumed->ranks != ranks && rank == 0)
+      spdlog::warn("resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
+                   "global batch of {} and the data order (the sums run in another order, so "
+                   "the bits differ from a {}-rank run)",
+                   resumed->ranks, ranks, global / ranks, global, resumed->ranks);
+    o.batch_size = global / ranks;
+  }
 
   const int64_t global_batch = o.batch_size * ranks;
   const int64_t steps_per_epoch = data.train.count / global_batch;
-  RINGTRAIN_CHECK(steps_per_epoch >= 1,
-                  "the global batch ({} ranks x --batch-size {}) is larger than the {} training "
-                  "images",
-                  ranks, o.batch_size, data.train.count);
+  if (steps_per_epoch < 1)
+    refuse(fmt::format("the global batch ({} ranks x --batch-size {}) is larger than the {} "
+                       "training images: use fewer ranks or a smaller --batch-size",
+                       ranks, o.batch_size, data.train.count));
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * steps_per_epoch;
 
   LrSchedule schedule = o.schedule;
@@ -225,14 +477,46 @@ int run(const Options& o, Comm& comm) {
   }
   validate(schedule);
   std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model->num_params());
+  const std::span<float> params(model->params().data(), static_cast<size_t>(model->num_params()));
   std::optional<WeightEma> ema;
-  if (o.ema_decay > 0.0f) {
-    ema.emplace(o.ema_decay, std::span<const float>(model->params().data(),
-                                                    static_cast<size_t>(model->num_params())));
+  int64_t start_step = 0;
+  if (resumed) {
+    const Checkpoint& c = *resumed;
+    check_checkpoint_fits(c, o, *model, *optimizer, optimizer->state().size());
+    if (rank == 0 && describe_schedule(c.schedule) != describe_schedule(schedule))
+      spdlog::warn("the checkpoint's learning-rate schedule ({}) differs from this run's ({}); "
+                   "continuing with this run's",
+                   describe_schedule(c.schedule), describe_schedule(schedule));
+    // Every rank decoded the same verified bytes: the replicas start identical without a
+    // broadcast.
+    std::copy(c.params.begin(), c.params.end(), params.begin());
+    const auto state = optimizer->state();
+    for (size_t b = 0; b < state.size(); ++b)
+      std::copy(c.optimizer_state[b].begin(), c.optimizer_state[b].end(), state[b].begin());
+    optimizer->set_steps_taken(c.optimizer_steps);
+    start_step = c.step;
+  } else {
+    // The chief initialises; everyone starts from its bits.
+    if (rank == 0) model->init_params(o.seed);
+    broadcast_params(comm, *model);
   }
+  if (o.ema_decay > 0.0f) {
+    ema.emplace(o.ema_decay, std::span<const float>(params));
+    if (resumed && !resumed->ema_shadow.empty()) {
+      ema->restore(resumed->ema_shadow, resumed->ema_updates);
+    } else if (resumed && rank == 0) {
+      spdlog::warn("the checkpoint keeps no weight average; the EMA starts from step {}",
+                   start_step);
+    }
+  } else if (resumed && !resumed->ema_shadow.empty() && rank == 0) {
+    spdlog::warn("the checkpoint keeps a weight average, but --ema-decay is 0: it is dropped");
+  }
+  spdlog::info("model {}:\n{}", o.model, model->summary());
+
   // Only the chief writes files; the others would write the same lines.
-  MetricsWriter metrics =
-      o.metrics_out.empty() || rank != 0 ? MetricsWriter() : MetricsWriter(o.metrics_out);
+  MetricsWriter metrics = o.metrics_out.empty() || rank != 0
+                              ? MetricsWriter()
+                              : MetricsWriter(o.metrics_out, /*append=*/start_step > 0);
   const auto mb_to_elements = [](double mb) { return static_cast<int64_t>(mb * 1e6 / 4.0); };
   // Overlap needs a core to run on: on one node whose cores the ranks' compute threads already
   // fill, the communication thread's copies only take cycles from backward (measured slower
@@ -262,62 +546,154 @@ int run(const Options& o, Comm& comm) {
   // The communication thread shares the cores with backward: it must not spin long while waiting.
   if (bucketer && overlap) comm.set_spin_before_sleep(std::chrono::microseconds(50));
   spdlog::info(
-      "training: {} steps ({} per epoch), {} rank(s) x batch {} = global batch {}, {} "
+      "training: {} steps ({} per epoch){}, {} rank(s) x batch {} = global batch {}, {} "
       "lr {} ({}), {} thread(s) per rank, seed {}",
-      total_steps, steps_per_epoch, ranks, o.batch_size, global_batch, optimizer->name(),
-      schedule.base_lr, schedule.kind, o.threads, o.seed);
+      total_steps, steps_per_epoch,
+      start_step > 0 ? fmt::format(" from step {}", start_step) : std::string(), ranks,
+      o.batch_size, global_batch, optimizer->name(), schedule.base_lr, schedule.kind, o.threads,
+      o.seed);
   if (bucketer) {
-    spdlog::info("gradients: {} bucket(s) averaged by {} {} ({})", bucket_count, o.allreduce,
-                 overlap ? "while backward runs" : "after backward", overlap_reason);
+    spdlog::info("gradients: {} bucket(s) averaged by {} {} ({}); watchdog {:g} s", bucket_count,
+                 o.allreduce, overlap ? "while backward runs" : "after backward",
+                 overlap_reason, o.collective_timeout);
+  }
+
+  std::optional<CheckpointDir> checkpoints;
+  if (!o.checkpoint_dir.empty()) checkpoints.emplace(o.checkpoint_dir, o.keep_checkpoints);
+  auto last_checkpoint_time = Clock::now();
+  int64_t last_checkpoint_step = start_step;
+  // The chief writes its replica: every replica holds the same bits.
+  const auto write_checkpoint = [&](int64_t done) {
+    if (!checkpoints || rank != 0) return;
+    const auto start = Clock::now();
+    Checkpoint c{.model = o.model,
+                 .layers = model->signature(),
+                 .num_params = model->num_params(),
+                 .step = done,
+                 .epoch = done / steps_per_epoch,
+                 .step_in_epoch = done % steps_per_epoch,
+                 .seed = o.seed,
+                 .global_batch = global_batch,
+                 .ranks = ranks,
+                 .schedule = schedule,
+                 .params = {params.begin(), params.end()},
+                 .optimizer = optimizer->name(),
+                 .optimizer_steps = optimizer->steps_taken()};
+    for (const auto& buffer : optimizer->state()) c.optimizer_state.emplace_back(buffer.begin(), buffer.end());
+    if (ema) {
+      c.ema_decay = ema->decay();
+      c.ema_updates = ema->updates();
+      c.ema_shadow.assign(ema->shadow().begin(), ema->shadow().end());
+    }
+    const std::string path = checkpoints->save(c);
+    spdlog::info("checkpoint: step {} written to {} in {:.0f} ms", done, path,
+                 std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    metrics.write("checkpoint", {{"step", done}, {"path", path}});
+  };
+
+  // --check-finite: every rank contributes whether its loss or the averaged gradients hold a
+  // NaN or Inf; all see the same flags and so skip the same steps.
+  int64_t bad_in_a_row = 0, skipped_steps = 0, current_step = start_step;
+  BeforeUpdateFn guard;
+  if (o.check_finite) {
+    guard = [&](const StepStats& stats, std::span<const float> grads) {
+      const uint8_t bad = std::isfinite(stats.loss) && all_finite(grads) ? 0 : 1;
+      std::vector<uint8_t> flags;
+      {
+        const PhaseScope phase(comm.board(), "finite check");
+        flags = allgather_value(comm, bad);
+      }
+      std::string bad_ranks;
+      for (int r = 0; r < ranks; ++r)
+        if (flags[static_cast<size_t>(r)]) bad_ranks += fmt::format("{}{}", bad_ranks.empty() ? "" : ", ", r);
+      if (bad_ranks.empty()) {
+        bad_in_a_row = 0;
+        return true;
+      }
+      ++bad_in_a_row;
+      ++skipped_steps;
+      if (bad_in_a_row >= o.max_bad_steps) {
+        throw Error(fmt::format("--check-finite: {} steps in a row (the last, step {}) had NaN "
+                                "or Inf in the loss or gradients (rank(s) {}); stopping. Lower "
+                                "--lr or check the data; the last checkpoint is unaffected",
+                                bad_in_a_row, current_step, bad_ranks),
+                    ExitCode::kNonFinite, /*on_every_rank=*/true);
+      }
+      if (rank == 0)
+        spdlog::warn("step {}: NaN or Inf in the loss or averaged gradients (rank(s) {}); the "
+                     "update is skipped ({} in a row; the job stops at {})",
+                     current_step, bad_ranks, bad_in_a_row, o.max_bad_steps);
+      return false;
+    };
   }
 
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
   StepWorkspace workspace;
-  ProgressBar progress(rank == 0 ? total_steps : 0);
+  ProgressBar progress(rank == 0 ? total_steps - std::min(start_step, total_steps) : 0);
   const bool show_progress = rank == 0 && progress.enabled();
   StepTimes times;
   double train_seconds = 0.0, window_loss = 0.0, last_loss = 0.0;
   int64_t window_correct = 0, window_samples = 0, window_steps = 0;
-  const std::span<float> params(model->params().data(), static_cast<size_t>(model->num_params()));
 
-  for (int64_t step = 0; step < total_steps; ++step) {
+  if (start_step >= total_steps && rank == 0)
+    spdlog::info("the checkpoint is at step {}, the run ends at {}: nothing left to train",
+                 start_step, total_steps);
+  for (int64_t step = start_step; step < total_steps; ++step) {
+    comm.board().set_step(step);
+    current_step = step;
+    if (rank == o.test_fail_rank && step == o.test_fail_at_step)
+      RINGTRAIN_FAIL("--test-fail-rank: rank {} fails on purpose at step {}", rank, step);
+    if (rank == o.test_stall_rank && step == o.test_stall_at_step) {
+      spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s at step {}", rank,
+                   o.test_stall_seconds, step);
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.test_stall_seconds));
+    }
     const auto start = Clock::now();
     const int64_t epoch = step / steps_per_epoch;
     const auto indices =
         rank_batch(sampler.order(epoch), step % steps_per_epoch, o.batch_size, rank, ranks);
     make_batch(data.train, indices, batch.images, batch.labels);
+    if (rank == o.test_nan_rank &&
+        std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())
+      batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(schedule, step);
-    const StepStats stats =
-        train_step(*model, *optimizer, batch, lr, workspace, ctx, bucketer ? &*bucketer : nullptr);
-    if (ema) ema->update(params);
+    const StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
+                                       bucketer ? &*bucketer : nullptr, guard);
+    if (ema && stats.updated) ema->update(params);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += step_seconds;
     times.add(step_seconds * 1000.0, stats.comm);
 
-    RINGTRAIN_CHECK(std::isfinite(stats.loss),
-                    "the loss became {} at step {}: lower --lr (now {}) or check the data",
-                    stats.loss, step, lr);
-    window_loss += stats.loss;
-    window_correct += stats.correct;
-    window_samples += stats.samples;
-    ++window_steps;
-    last_loss = stats.loss;
+    if (!o.check_finite && !std::isfinite(stats.loss))
+      throw Error(fmt::format("rank {}: the loss became {} at step {}: lower --lr (now {}), check "
+                              "the data, or pass --check-finite to skip such steps",
+                              rank, stats.loss, step, lr),
+                  ExitCode::kNonFinite);
+    if (stats.updated) {
+      window_loss += stats.loss;
+      window_correct += stats.correct;
+      window_samples += stats.samples;
+      ++window_steps;
+      last_loss = stats.loss;
+    }
     const int64_t done = step + 1;
     if (done == 1 && rank == o.test_perturb_rank) params.back() += 1e-3f;
     if (o.check_replicas > 0 && done % o.check_replicas == 0) check_replicas(comm, *model, done);
     if (show_progress) {
-      progress.update(done, fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
-                                        static_cast<double>(done * global_batch) / train_seconds));
+      progress.update(done - start_step,
+                      fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
+                                  static_cast<double>((done - start_step) * global_batch) /
+                                      train_seconds));
     }
-    if (o.log_every > 0 && (done % o.log_every == 0 || done == total_steps)) {
+    if (o.log_every > 0 && (done % o.log_every == 0 || done == total_steps) && window_steps > 0) {
       const double mean_loss = window_loss / static_cast<double>(window_steps);
       const double accuracy =
           static_cast<double>(window_correct) / static_cast<double>(window_samples);
       if (!show_progress) {
         spdlog::info("step {}/{} epoch {} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s",
                      done, total_steps, epoch + 1, mean_loss, accuracy, lr,
-                     static_cast<double>(done * global_batch) / train_seconds);
+                     static_cast<double>((done - start_step) * global_batch) / train_seconds);
       }
       metrics.write("train", {{"step", done},
                               {"epoch", epoch + 1},
@@ -338,21 +714,40 @@ int run(const Options& o, Comm& comm) {
           "eval",
           {{"step", done}, {"test_accuracy", eval.accuracy()}, {"test_loss", eval.mean_loss()}});
     }
+    const bool by_count = o.checkpoint_every > 0 && done % o.checkpoint_every == 0;
+    const bool by_time =
+        o.checkpoint_secs > 0 &&
+        std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
+            o.checkpoint_secs;
+    if (checkpoints && (by_count || by_time) && done != total_steps) {
+      write_checkpoint(done);
+      last_checkpoint_time = Clock::now();
+      last_checkpoint_step = done;
+    }
   }
   if (show_progress) progress.finish();
+  comm.board().set_step(total_steps);
   check_replicas(comm, *model, total_steps);  // always once: replicas must end identical
+  if (checkpoints && last_checkpoint_step != total_steps) write_checkpoint(total_steps);
 
   const EvalResult eval =
       evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx);
+  const int64_t trained_steps = std::max<int64_t>(0, total_steps - start_step);
   // Every rank waits for the slowest at each step, so rank 0's clock is the job's.
-  const double images_per_sec = static_cast<double>(total_steps * global_batch) / train_seconds;
-  const double step_ms = train_seconds * 1000.0 / static_cast<double>(total_steps);
+  const double images_per_sec =
+      train_seconds > 0 ? static_cast<double>(trained_steps * global_batch) / train_seconds : 0.0;
+  const double step_ms =
+      trained_steps > 0 ? train_seconds * 1000.0 / static_cast<double>(trained_steps) : 0.0;
   spdlog::info(
       "summary: test accuracy {:.4f}{} ({} / {}), test loss {:.4f}, last batch loss {:.4f}",
       eval.accuracy(), ema ? " (EMA weights)" : "", eval.correct, eval.samples, eval.mean_loss(),
       last_loss);
-  spdlog::info("summary: {} steps in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB",
-               total_steps, train_seconds, images_per_sec, step_ms, peak_rss_mb());
+  spdlog::info(
+      "summary: {} steps{} in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB{}",
+      trained_steps, start_step > 0 ? fmt::format(" (resumed at step {})", start_step) : "",
+      train_seconds, images_per_sec, step_ms, peak_rss_mb(),
+      skipped_steps > 0 ? fmt::format(", {} update(s) skipped (--check-finite)", skipped_steps)
+                        : std::string());
   spdlog::info(
       "summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
       "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
@@ -362,6 +757,8 @@ int run(const Options& o, Comm& comm) {
                             {"images_per_sec", images_per_sec},
                             {"step_ms", step_ms},
                             {"steps", total_steps},
+                            {"start_step", start_step},
+                            {"skipped_steps", skipped_steps},
                             {"epochs", static_cast<double>(total_steps) /
                                            static_cast<double>(steps_per_epoch)},
                             {"test_loss", eval.mean_loss()},
@@ -396,7 +793,14 @@ int main(int argc, char** argv) {
   CLI::App app{"ringtrain mnist_train: data-parallel MNIST training (mpirun -np N mnist_train)"};
   Options options;
   add_flags(app, options);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version exit 0; every flag error exits kUsage (CLI11's own codes vary).
+    const int printed = app.exit(error);
+    return printed == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
+  }
+  options.batch_size_given = app.count("--batch-size") > 0;
   // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.
   MpiSession session(&argc, &argv);
   int rank = 0, ranks = 1;
@@ -405,11 +809,25 @@ int main(int argc, char** argv) {
     rank = comm.rank();
     ranks = comm.size();
     return run(options, comm);
+  } catch (const Error& error) {
+    const int code = static_cast<int>(error.code());
+    // An error every rank raised together is told once and ends each rank normally.
+    if (error.on_every_rank()) {
+      if (rank == 0) spdlog::error("{}", error.what());
+      return code;
+    }
+    spdlog::error("{}", error.what());
+    if (ranks > 1) {
+      spdlog::error("rank {} of {} failed; ending the whole job (exit code {})", rank, ranks,
+                    code);
+      MpiSession::abort_job(code);  // so no other rank waits forever on this one
+    }
+    return code;
   } catch (const std::exception& error) {
     spdlog::error("{}", error.what());
     if (ranks > 1) {
       spdlog::error("rank {} of {} failed; ending the whole job", rank, ranks);
-      MpiSession::abort_job(1);  // so no other rank waits forever on this one
+      MpiSession::abort_job(1);
     }
     return 1;
   }

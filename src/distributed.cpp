@@ -1,7 +1,9 @@
 // Sampler shards, broadcast, sharded evaluation, replica checks (see distributed.h).
 #include "ringtrain/distributed.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -21,6 +23,7 @@ std::span<const int64_t> rank_batch(std::span<const int64_t> epoch_order, int64_
 }
 
 void broadcast_params(Comm& comm, Model& model, int root) {
+  const PhaseScope phase(comm.board(), "parameter broadcast");
   comm.broadcast(model.params().data(), static_cast<size_t>(model.num_params()) * sizeof(float),
                  root);
 }
@@ -30,6 +33,7 @@ EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64
   const int64_t ranks = comm.size(), rank = comm.rank();
   const int64_t begin = data.count * rank / ranks, end = data.count * (rank + 1) / ranks;
   const EvalResult mine = evaluate(model, data, begin, end, batch_size, scratch, ctx);
+  const PhaseScope phase(comm.board(), "evaluation sum");
   EvalResult total;
   // Added in rank order on every rank: the same total everywhere.
   for (const EvalResult& part : allgather_value(comm, mine)) {
@@ -48,7 +52,10 @@ void check_replicas(Comm& comm, const Model& model, int64_t step) {
                          static_cast<size_t>(views[v].size) * sizeof(float));
   }
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(comm.size()));
-  comm.allgather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));
+  {
+    const PhaseScope phase(comm.board(), "replica check");
+    comm.allgather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));
+  }
   std::string diverged;
   size_t first_view = views.size();
   // Report the parameter that comes first in the model (forward order), the likeliest origin.
@@ -75,6 +82,7 @@ GradBucketer::ReduceFn make_bucket_reduce(Comm& comm, const std::string& algorit
                   "--allreduce '{}' is unknown: use ring or mpi", algorithm);
   const bool ring = algorithm == "ring";
   return [&comm, &scratch, ring, delay_ms](float* data, int64_t count) {
+    comm.board().set_phase("gradient allreduce");
     if (delay_ms > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
     }
@@ -84,6 +92,68 @@ GradBucketer::ReduceFn make_bucket_reduce(Comm& comm, const std::string& algorit
       comm.allreduce_library(data, static_cast<size_t>(count), ReduceOp::kAvg);
     }
   };
+}
+
+void check_config_consistency(Comm& comm, const std::vector<ConfigField>& fields) {
+  const PhaseScope phase(comm.board(), "configuration check");
+  // First the shape of the list: binaries of different versions may not even agree on it.
+  std::string names;
+  for (const ConfigField& field : fields) names += field.name + ";";
+  const uint64_t shape[2] = {fields.size(), hash_bytes(names.data(), names.size())};
+  std::vector<uint64_t> shapes(2 * static_cast<size_t>(comm.size()));
+  comm.allgather(shape, shapes.data(), sizeof(shape));
+  std::string other_lists;
+  for (int r = 1; r < comm.size(); ++r) {
+    const auto i = 2 * static_cast<size_t>(r);
+    if (shapes[i] != shapes[0] || shapes[i + 1] != shapes[1])
+      other_lists += fmt::format("{}{}", other_lists.empty() ? "" : ", ", r);
+  }
+  if (!other_lists.empty()) {
+    throw Error(fmt::format("configuration check: rank(s) {} describe their configuration with "
+                            "other fields than rank 0: they run another version of mnist_train; "
+                            "run the same binary on every rank",
+                            other_lists),
+                ExitCode::kBadInput, /*on_every_rank=*/true);
+  }
+
+  // One fixed-size record per field: the hash of the whole value and its start, for messages.
+  struct Record {
+    uint64_t hash;
+    char text[56];
+  };
+  std::vector<Record> mine(fields.size());
+  for (size_t f = 0; f < fields.size(); ++f) {
+    const std::string& value = fields[f].value;
+    mine[f].hash = hash_bytes(value.data(), value.size());
+    std::memset(mine[f].text, 0, sizeof(mine[f].text));
+    std::memcpy(mine[f].text, value.data(), std::min(value.size(), sizeof(mine[f].text) - 1));
+  }
+  std::vector<Record> all(fields.size() * static_cast<size_t>(comm.size()));
+  if (!fields.empty()) comm.allgather(mine.data(), all.data(), fields.size() * sizeof(Record));
+  std::string differences;
+  constexpr int kShown = 12;  // enough to act on; the count says how many more
+  int total = 0;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    std::string ranks_differing;
+    for (int r = 1; r < comm.size(); ++r) {
+      const Record& theirs = all[static_cast<size_t>(r) * fields.size() + f];
+      if (theirs.hash == all[f].hash) continue;
+      if (++total > kShown) continue;
+      ranks_differing += fmt::format("; rank {} has '{}'", r, theirs.text);
+    }
+    if (!ranks_differing.empty())
+      differences += fmt::format("\n  {}: rank 0 has '{}'{}", fields[f].name, all[f].text,
+                                 ranks_differing);
+  }
+  if (total > 0) {
+    throw Error(fmt::format("configuration check: the ranks disagree, so training would hang or "
+                            "diverge; nothing was trained.{}{}\n  every rank must run the same "
+                            "binary with the same flags and the same data",
+                            differences,
+                            total > kShown ? fmt::format("\n  ({} more differences)", total - kShown)
+                                          : std::string()),
+                ExitCode::kBadInput, /*on_every_rank=*/true);
+  }
 }
 
 }  // namespace ringtrain

@@ -31,4 +31,13 @@ void WeightEma::update(std::span<const float> params) {
   ++updates_;
 }
 
+void WeightEma::restore(std::span<const float> shadow, int64_t updates) {
+  RINGTRAIN_CHECK(shadow.size() == shadow_.size(),
+                  "EMA restore: {} values, but the average holds {}", shadow.size(),
+                  shadow_.size());
+  RINGTRAIN_CHECK(updates >= 0, "EMA restore: negative update count {}", updates);
+  std::copy(shadow.begin(), shadow.end(), shadow_.begin());
+  updates_ = updates;
+}
+
 }  // namespace ringtrain

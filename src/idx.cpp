@@ -5,6 +5,9 @@
 // then is the IDX header compared with the real byte count. A header that lies, a truncated
 // download or a gzip bomb therefore ends in an error naming the file, never in a huge
 // allocation, a crash or a partially loaded data set.
+//
+// The parsing itself works on bytes in memory (decode_maybe_gz, parse_idx), so the fuzzers in
+// fuzz/ drive the same code that load_idx runs on files.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -76,10 +79,12 @@ void read_plain(std::FILE* f, const std::string& path, uint64_t max_bytes, size_
   out.resize(used);
 }
 
-// Inflates a gzip file whose first `head` bytes are already in `in`. Concatenated gzip
-// members (what `cat a.gz b.gz` makes) are read one after the other, as gunzip does.
-std::vector<uint8_t> read_gzip(std::FILE* f, const std::string& path, uint64_t max_bytes,
-                               std::vector<uint8_t> in, size_t head) {
+// Inflates a gzip stream whose first `head` bytes are already in `in`; refill(dst, capacity)
+// supplies the next compressed bytes (0 at the end; it throws on a read error). Concatenated
+// gzip members (what `cat a.gz b.gz` makes) are read one after the other, as gunzip does.
+template <typename Refill>
+std::vector<uint8_t> inflate_gzip(Refill&& refill, const std::string& path, uint64_t max_bytes,
+                                  std::vector<uint8_t> in, size_t head) {
   z_stream zs{};
   // 15 + 32: the largest window, and let zlib parse the gzip header itself.
   RINGTRAIN_CHECK(inflateInit2(&zs, 15 + 32) == Z_OK, "zlib cannot start inflating {}: {}", path,
@@ -95,8 +100,7 @@ std::vector<uint8_t> read_gzip(std::FILE* f, const std::string& path, uint64_t m
   zs.avail_in = static_cast<uInt>(head);
   for (;;) {
     if (zs.avail_in == 0) {
-      size_t n = std::fread(in.data(), 1, in.size(), f);
-      RINGTRAIN_CHECK(!std::ferror(f), "error reading {}: {}", path, errno_text(errno));
+      size_t n = refill(in.data(), in.size());
       if (n == 0) break;
       zs.next_in = in.data();
       zs.avail_in = static_cast<uInt>(n);
@@ -137,14 +141,17 @@ std::vector<uint8_t> read_gzip(std::FILE* f, const std::string& path, uint64_t m
   return out;
 }
 
-// Reads one IDX file whole (through read_maybe_gz) and checks its magic number: `magic` is
-// 0x00000800 | ndims for unsigned bytes. Returns the whole file; `dims` receives the header's
-// dimensions.
-std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, uint32_t* dims) {
+bool is_gzip(std::span<const uint8_t> head) {
+  return head.size() >= 2 && head[0] == 0x1f && head[1] == 0x8b;
+}
+
+// Checks the magic number of one IDX file's bytes: `magic` is 0x00000800 | ndims for unsigned
+// bytes. `dims` receives the header's dimensions.
+void check_idx_header(std::span<const uint8_t> bytes, const std::string& path, uint32_t magic,
+                      uint32_t* dims) {
   const int ndims = static_cast<int>(magic & 0xff);
   const size_t header = 4 + 4 * static_cast<size_t>(ndims);
   const char* kind = ndims == 3 ? "image" : "label";
-  std::vector<uint8_t> bytes = read_maybe_gz(path, kMaxIdxBytes);
   RINGTRAIN_CHECK(bytes.size() >= 4, "{} holds {} bytes, too few for an IDX {} file; {}", path,
                   bytes.size(), kind, kFetchHint);
   auto be32 = [&](size_t at) {
@@ -172,7 +179,6 @@ std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, uint32_t*
                   "{} is shorter than its IDX header: {} bytes, the header alone is {}; {}", path,
                   bytes.size(), header, kFetchHint);
   for (int i = 0; i < ndims; ++i) dims[i] = be32(4 + 4 * static_cast<size_t>(i));
-  return bytes;
 }
 
 // Compares the payload a header claims with what the file holds.
@@ -190,6 +196,61 @@ void check_payload(const std::string& path, const char* what, uint64_t count, ui
                   path, count, what, claimed, held, held - claimed, kFetchHint);
 }
 
+struct ImageHeader {
+  uint64_t count = 0, rows = 0, cols = 0;
+};
+
+void check_num_classes(int num_classes) {
+  RINGTRAIN_CHECK(num_classes >= 1 && num_classes <= 256,
+                  "num_classes must be in [1, 256] for byte labels, got {}", num_classes);
+}
+
+// The image file: magic, 3 dimensions, a plausible image size, exactly the pixels it claims.
+ImageHeader check_images(std::span<const uint8_t> bytes, const std::string& path) {
+  uint32_t dims[3] = {};
+  check_idx_header(bytes, path, 0x00000803, dims);
+  const uint64_t count = dims[0], rows = dims[1], cols = dims[2];
+  RINGTRAIN_CHECK(count > 0, "{}: its header says it holds 0 images; {}", path, kFetchHint);
+  // Each side is below 2^32, so rows * cols cannot overflow 64 bits.
+  RINGTRAIN_CHECK(rows > 0 && cols > 0 && rows * cols <= kMaxImageSize,
+                  "{}: its header gives the image size {}x{}, which is not a plausible image "
+                  "(each side > 0, at most {} pixels); {}",
+                  path, rows, cols, kMaxImageSize, kFetchHint);
+  check_payload(path, "images", count, rows * cols, 16, bytes.size());
+  return {count, rows, cols};
+}
+
+// The label file: magic, 1 dimension, exactly the labels it claims, as many as there are
+// images, each below num_classes.
+void check_labels(std::span<const uint8_t> bytes, const std::string& path, uint64_t count,
+                  const std::string& images_path, int num_classes) {
+  uint32_t dims[1] = {};
+  check_idx_header(bytes, path, 0x00000801, dims);
+  check_payload(path, "labels", dims[0], 1, 8, bytes.size());
+  RINGTRAIN_CHECK(dims[0] == count,
+                  "image/label count mismatch: {} holds {} images but {} holds {} labels; the "
+                  "two files are not a pair, {}",
+                  images_path, count, path, dims[0], kFetchHint);
+  for (size_t i = 8; i < bytes.size(); ++i) {
+    RINGTRAIN_CHECK(bytes[i] < num_classes,
+                    "{}: label {} at index {} is out of range (>= num_classes = {})", path,
+                    bytes[i], i - 8, num_classes);
+  }
+}
+
+// Exact-size copies of the checked files' contents (read buffers grew by doubling and may be
+// twice as large).
+Dataset make_dataset(std::span<const uint8_t> image_bytes, std::span<const uint8_t> label_bytes,
+                     const ImageHeader& h) {
+  Dataset d;
+  d.images.assign(image_bytes.begin() + 16, image_bytes.end());
+  d.labels.assign(label_bytes.begin() + 8, label_bytes.end());
+  d.count = static_cast<int64_t>(h.count);
+  d.rows = static_cast<int64_t>(h.rows);
+  d.cols = static_cast<int64_t>(h.cols);
+  return d;
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_maybe_gz(const std::string& path, uint64_t max_bytes) {
@@ -201,48 +262,57 @@ std::vector<uint8_t> read_maybe_gz(const std::string& path, uint64_t max_bytes) 
   std::vector<uint8_t> head(kChunk);
   size_t n = std::fread(head.data(), 1, head.size(), f.get());
   RINGTRAIN_CHECK(!std::ferror(f.get()), "error reading {}: {}", path, errno_text(errno));
-  if (n >= 2 && head[0] == 0x1f && head[1] == 0x8b) {
-    return read_gzip(f.get(), path, max_bytes, std::move(head), n);
+  if (is_gzip(std::span<const uint8_t>(head.data(), n))) {
+    auto refill = [&](uint8_t* dst, size_t capacity) {
+      size_t got = std::fread(dst, 1, capacity, f.get());
+      RINGTRAIN_CHECK(!std::ferror(f.get()), "error reading {}: {}", path, errno_text(errno));
+      return got;
+    };
+    return inflate_gzip(refill, path, max_bytes, std::move(head), n);
   }
   head.resize(n);
   read_plain(f.get(), path, max_bytes, n, head);
   return head;
 }
 
-Dataset load_idx(const std::string& images_path, const std::string& labels_path, int num_classes) {
-  RINGTRAIN_CHECK(num_classes >= 1 && num_classes <= 256,
-                  "num_classes must be in [1, 256] for byte labels, got {}", num_classes);
-  uint32_t idims[3] = {};
-  std::vector<uint8_t> ibytes = read_idx(images_path, 0x00000803, idims);
-  const uint64_t count = idims[0], rows = idims[1], cols = idims[2];
-  RINGTRAIN_CHECK(count > 0, "{}: its header says it holds 0 images; {}", images_path, kFetchHint);
-  RINGTRAIN_CHECK(rows > 0 && cols > 0 && rows * cols <= kMaxImageSize,
-                  "{}: its header gives the image size {}x{}, which is not a plausible image "
-                  "(each side > 0, at most {} pixels); {}",
-                  images_path, rows, cols, kMaxImageSize, kFetchHint);
-  check_payload(images_path, "images", count, rows * cols, 16, ibytes.size());
-
-  uint32_t ldims[1] = {};
-  std::vector<uint8_t> lbytes = read_idx(labels_path, 0x00000801, ldims);
-  check_payload(labels_path, "labels", ldims[0], 1, 8, lbytes.size());
-  RINGTRAIN_CHECK(ldims[0] == count,
-                  "image/label count mismatch: {} holds {} images but {} holds {} labels; the "
-                  "two files are not a pair, {}",
-                  images_path, count, labels_path, ldims[0], kFetchHint);
-  for (size_t i = 8; i < lbytes.size(); ++i) {
-    RINGTRAIN_CHECK(lbytes[i] < num_classes,
-                    "{}: label {} at index {} is out of range (>= num_classes = {})", labels_path,
-                    lbytes[i], i - 8, num_classes);
+std::vector<uint8_t> decode_maybe_gz(std::span<const uint8_t> bytes, const std::string& source,
+                                     uint64_t max_bytes) {
+  if (is_gzip(bytes)) {
+    // The same chunked inflation as for a file, fed from memory.
+    std::vector<uint8_t> head(kChunk);
+    size_t offset = 0;
+    auto refill = [&](uint8_t* dst, size_t capacity) {
+      size_t got = std::min(capacity, bytes.size() - offset);
+      std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), got, dst);
+      offset += got;
+      return got;
+    };
+    size_t n = refill(head.data(), head.size());
+    return inflate_gzip(refill, source, max_bytes, std::move(head), n);
   }
+  RINGTRAIN_CHECK(bytes.size() <= max_bytes, "{} is {} bytes, more than the {} accepted", source,
+                  bytes.size(), max_bytes);
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
 
-  // Exact-size copies: the read buffers grew by doubling and may be twice as large.
-  Dataset d;
-  d.images.assign(ibytes.begin() + 16, ibytes.end());
-  d.labels.assign(lbytes.begin() + 8, lbytes.end());
-  d.count = static_cast<int64_t>(count);
-  d.rows = static_cast<int64_t>(rows);
-  d.cols = static_cast<int64_t>(cols);
-  return d;
+Dataset parse_idx(std::span<const uint8_t> image_bytes, std::span<const uint8_t> label_bytes,
+                  const std::string& images_source, const std::string& labels_source,
+                  int num_classes) {
+  check_num_classes(num_classes);
+  const ImageHeader h = check_images(image_bytes, images_source);
+  check_labels(label_bytes, labels_source, h.count, images_source, num_classes);
+  return make_dataset(image_bytes, label_bytes, h);
+}
+
+Dataset load_idx(const std::string& images_path, const std::string& labels_path, int num_classes) {
+  // parse_idx's steps, with each file read just before it is checked: a bad image file is
+  // reported without reading the labels.
+  check_num_classes(num_classes);
+  const std::vector<uint8_t> ibytes = read_maybe_gz(images_path, kMaxIdxBytes);
+  const ImageHeader h = check_images(ibytes, images_path);
+  const std::vector<uint8_t> lbytes = read_maybe_gz(labels_path, kMaxIdxBytes);
+  check_labels(lbytes, labels_path, h.count, images_path, num_classes);
+  return make_dataset(ibytes, lbytes, h);
 }
 
 namespace {

@@ -165,6 +165,12 @@ std::vector<GradRange> Model::grad_ranges() const {
   return ranges;
 }
 
+std::string Model::signature() const {
+  std::string text = input_.str();
+  for (const auto& layer : layers_) text += fmt::format(" {}", layer->name());
+  return text;
+}
+
 std::string Model::summary() const {
   std::string text;
   Shape shape = input_;

@@ -116,6 +116,7 @@ class Sgd final : public Optimizer {
   }
 
   int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(int64_t steps) override { steps_ = steps; }
 
  private:
   float momentum_;
@@ -161,6 +162,7 @@ class Adam final : public Optimizer {
   }
 
   int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(int64_t steps) override { steps_ = steps; }
 
  private:
   OptimizerConfig config_;

@@ -64,8 +64,8 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "w");
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
   RINGTRAIN_CHECK(file_ != nullptr, "--metrics-out: cannot create {}: {}", path,
                   std::strerror(errno));
 }

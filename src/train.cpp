@@ -18,7 +18,8 @@ static_assert(std::endian::native == std::endian::little,
               "the parameter file is little-endian; add byte swapping for big-endian hosts");
 
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer) {
+                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer,
+                     const BeforeUpdateFn& before_update) {
   const Tensor& logits = model.forward(batch.images, ctx);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
@@ -36,6 +37,11 @@ StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, flo
   }
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
+  if (before_update &&
+      !before_update(stats, {grads.data(), static_cast<size_t>(grads.numel())})) {
+    stats.updated = false;
+    return stats;
+  }
   optimizer.step({params.data(), static_cast<size_t>(params.numel())},
                  {grads.data(), static_cast<size_t>(grads.numel())}, lr);
   return stats;

@@ -11,9 +11,30 @@
 
 namespace ringtrain {
 
+// The process exit status of mnist_train and the tools, by what went wrong (docs/failures.md).
+enum class ExitCode : int {
+  kOk = 0,
+  kError = 1,        // anything else: a bug, an I/O error, a failed rank's exception
+  kUsage = 2,        // a flag is missing, unknown or out of range
+  kBadInput = 3,     // a data file, a checkpoint or the ranks' configurations are unusable
+  kCommFailure = 4,  // a collective timed out (watchdog) or a peer failed
+  kNonFinite = 5,    // --check-finite: too many consecutive steps with NaN/Inf
+};
+
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  Error(const std::string& message, ExitCode code, bool on_every_rank = false)
+      : std::runtime_error(message), code_(code), on_every_rank_(on_every_rank) {}
+  ExitCode code() const { return code_; }
+  // True when every rank raises this same error at the same point (a broadcast decision, a
+  // configuration mismatch found by all): main() can then end normally on each rank instead of
+  // aborting the job from one.
+  bool on_every_rank() const { return on_every_rank_; }
+
+ private:
+  ExitCode code_ = ExitCode::kError;
+  bool on_every_rank_ = false;
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 // a failure throws ringtrain::Error naming the call, the peer and the library's message.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,53 @@ ReduceOp parse_reduce_op(const std::string& text);  // "sum" | "avg"; throws nam
 struct CommRequest {
   int64_t id = -1;
   bool active() const { return id >= 0; }
+};
+
+// What this rank is doing, for the collective watchdog (watchdog.h): the training loop posts
+// the step and the phase (which collective), the transport posts when it starts and stops
+// waiting and on what. Written by the main and the communication thread, read by the watchdog
+// thread; plain atomics and string literals (labels must have static storage), so posting
+// costs a few stores and never allocates or locks.
+class ProgressBoard {
+ public:
+  struct Snapshot {
+    int64_t step = -1;
+    const char* phase = "starting";  // the collective the rank is in or was last in
+    bool waiting = false;            // inside a blocking wait of the transport
+    const char* waiting_on = "";     // "a receive from", "a broadcast", "MPI_Allreduce", ...
+    int peer = -1;                   // for point-to-point waits, else -1
+    double waiting_s = 0.0;          // how long the current wait has lasted
+    double step_s = 0.0;             // how long since the step began
+  };
+  void set_step(int64_t step);
+  void set_phase(const char* phase) { phase_.store(phase, std::memory_order_relaxed); }
+  void enter_wait(const char* what, int peer);
+  void leave_wait() { wait_start_ns_.store(0, std::memory_order_release); }
+  Snapshot snapshot() const;
+
+ private:
+  std::atomic<int64_t> step_{-1};
+  std::atomic<int64_t> step_start_ns_{0};
+  std::atomic<const char*> phase_{"starting"};
+  std::atomic<const char*> waiting_on_{""};
+  std::atomic<int> peer_{-1};
+  std::atomic<int64_t> wait_start_ns_{0};  // 0: not waiting
+};
+
+// Posts a phase for the duration of a scope and restores the previous one after.
+class PhaseScope {
+ public:
+  PhaseScope(ProgressBoard& board, const char* phase)
+      : board_(board), previous_(board.snapshot().phase) {
+    board_.set_phase(phase);
+  }
+  ~PhaseScope() { board_.set_phase(previous_); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  ProgressBoard& board_;
+  const char* previous_;
 };
 
 class Comm {
@@ -61,6 +109,12 @@ class Comm {
   // Every rank contributes `bytes` bytes; recv gets size() * bytes, rank-ordered.
   virtual void allgather(const void* send, void* recv, size_t bytes) = 0;
   virtual void barrier() = 0;
+
+  // This rank's progress, for the watchdog; transports post their waits here.
+  ProgressBoard& board() { return board_; }
+
+ private:
+  ProgressBoard board_;
 };
 
 // A 64-bit hash of a buffer's bytes (FNV-1a's step over 8-byte words, then the tail bytes),

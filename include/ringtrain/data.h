@@ -35,6 +35,17 @@ std::vector<uint8_t> read_maybe_gz(const std::string& path, uint64_t max_bytes);
 Dataset load_idx(const std::string& images_path, const std::string& labels_path,
                  int num_classes = 10);
 
+// The in-memory halves of the two above, which they are built from (and which fuzz/ drives):
+// decode_maybe_gz gunzips `bytes` when they start with the gzip magic and otherwise returns a
+// copy, at most max_bytes either way; parse_idx checks and unpacks an (already gunzipped)
+// image/label pair exactly as load_idx does, its errors naming `images_source` and
+// `labels_source` where load_idx names the paths.
+std::vector<uint8_t> decode_maybe_gz(std::span<const uint8_t> bytes, const std::string& source,
+                                     uint64_t max_bytes);
+Dataset parse_idx(std::span<const uint8_t> image_bytes, std::span<const uint8_t> label_bytes,
+                  const std::string& images_source, const std::string& labels_source,
+                  int num_classes = 10);
+
 struct MnistData {
   Dataset train;
   Dataset test;

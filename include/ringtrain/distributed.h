@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "ringtrain/comm.h"
 #include "ringtrain/ring.h"
@@ -36,5 +38,17 @@ void check_replicas(Comm& comm, const Model& model, int64_t step);
 // transport for the overlap tests, never for real runs.
 GradBucketer::ReduceFn make_bucket_reduce(Comm& comm, const std::string& algorithm,
                                           RingScratch& scratch, double delay_ms);
+
+// One setting that every rank must share (the model, the per-rank batch, the seed, the data
+// sizes, the code version, ...), as text.
+struct ConfigField {
+  std::string name;
+  std::string value;
+};
+// Collective. Compares every rank's fields with rank 0's (hashes of the whole values; the
+// first 55 characters travel along for the message). On any difference every rank throws the
+// same Error (ExitCode::kBadInput, on_every_rank) naming each differing field and rank with
+// both values, before anything is trained.
+void check_config_consistency(Comm& comm, const std::vector<ConfigField>& fields);
 
 }  // namespace ringtrain

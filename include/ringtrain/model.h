@@ -69,6 +69,9 @@ class Model {
   const Shape& output_shape() const { return output_; }
   // One line per layer with its output shape and parameter count.
   std::string summary() const;
+  // The layer list with shapes on one line ("[28,28,1] dense(784->500) relu ..."): what a
+  // checkpoint records to refuse loading into another model.
+  std::string signature() const;
 
  private:
   Shape input_;

@@ -60,6 +60,10 @@ class MpiComm final : public Comm {
   CommRequest irecv(float* data, size_t n, int peer, int tag) override;
   void wait(CommRequest& request) override;
   void set_spin_before_sleep(std::chrono::microseconds spin) override { spin_ = spin; }
+  // How long wait() and the collectives wait without progress before they throw
+  // (RINGTRAIN_COMM_TIMEOUT_S, else 600 s, until set here).
+  void set_timeout(double seconds);
+  double timeout() const { return timeout_s_; }
   void allreduce_library(float* data, size_t n, ReduceOp op) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes) override;
@@ -83,6 +87,7 @@ class MpiComm final : public Comm {
   [[noreturn]] void fail_transfer(const Transfer& transfer, const char* call, int code) const;
   // Polls a non-blocking collective to completion under the same deadline as wait(), so that
   // a rank that never joins (stalled, or in another collective) is an error, not a hang.
+  // `what` names it in messages and on the progress board: a string literal.
   void complete_collective(MPI_Request& request, const char* what);
 
   std::vector<MPI_Request> requests_;  // slots indexed by CommRequest::id

@@ -30,6 +30,9 @@ class Optimizer {
   // The state buffers (momentum; Adam's m and v) for checkpoints, in a fixed order.
   virtual std::vector<std::span<float>> state() = 0;
   virtual int64_t steps_taken() const = 0;
+  // Restores the step count (Adam's bias correction) from a checkpoint; the state buffers are
+  // restored by copying into state().
+  virtual void set_steps_taken(int64_t steps) = 0;
 };
 
 // Throws ringtrain::Error for an unknown kind or an invalid setting (negative momentum,
@@ -62,6 +65,9 @@ class WeightEma {
   void update(std::span<const float> params);
   std::span<const float> shadow() const { return shadow_; }
   int64_t updates() const { return updates_; }
+  float decay() const { return decay_; }
+  // Restores a checkpoint's shadow and update count (same length as the parameters).
+  void restore(std::span<const float> shadow, int64_t updates);
 
  private:
   float decay_;

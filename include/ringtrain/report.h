@@ -21,7 +21,8 @@ using JsonField = std::pair<std::string_view, JsonValue>;
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path);  // truncates; throws naming the file
+  // Truncates (or appends: a resumed run continues its file); throws naming the file.
+  explicit MetricsWriter(const std::string& path, bool append = false);
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   ~MetricsWriter();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct StepStats {
   int64_t correct = 0;  // rows whose arg-max matched the label
   int64_t samples = 0;
   CommStats comm;  // zero without a bucketer
+  bool updated = true;  // false when before_update skipped the optimizer step
 };
 
 struct StepWorkspace {
@@ -35,8 +37,12 @@ struct StepWorkspace {
 
 // With a bucketer, each layer's gradients are handed to it as backward finishes them and the
 // optimizer steps only after bucketer->wait(): on averaged gradients, the same on every rank.
+// before_update, when given, runs after the gradients are final (averaged) and before the
+// optimizer; returning false skips the update (the --check-finite guard).
+using BeforeUpdateFn = std::function<bool(const StepStats& stats, std::span<const float> grads)>;
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer = nullptr);
+                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer = nullptr,
+                     const BeforeUpdateFn& before_update = {});
 
 struct EvalResult {
   int64_t correct = 0;

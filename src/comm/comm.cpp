@@ -4,6 +4,7 @@
 // neighbours that call it at the same time.
 #include "ringtrain/comm.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "ringtrain/check.h"
@@ -40,6 +41,42 @@ void Comm::add_inplace(float* dst, const float* src, size_t n) {
   float* __restrict out = dst;
   const float* __restrict in = src;
   for (size_t i = 0; i < n; ++i) out[i] += in[i];
+}
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+double seconds_since(int64_t start_ns, int64_t now) {
+  return start_ns == 0 ? 0.0 : static_cast<double>(now - start_ns) * 1e-9;
+}
+}  // namespace
+
+void ProgressBoard::set_step(int64_t step) {
+  step_start_ns_.store(now_ns(), std::memory_order_relaxed);
+  step_.store(step, std::memory_order_relaxed);
+}
+
+void ProgressBoard::enter_wait(const char* what, int peer) {
+  waiting_on_.store(what, std::memory_order_relaxed);
+  peer_.store(peer, std::memory_order_relaxed);
+  wait_start_ns_.store(now_ns(), std::memory_order_release);
+}
+
+ProgressBoard::Snapshot ProgressBoard::snapshot() const {
+  Snapshot s;
+  const int64_t now = now_ns();
+  const int64_t wait_start = wait_start_ns_.load(std::memory_order_acquire);
+  s.step = step_.load(std::memory_order_relaxed);
+  s.phase = phase_.load(std::memory_order_relaxed);
+  s.waiting = wait_start != 0;
+  s.waiting_on = waiting_on_.load(std::memory_order_relaxed);
+  s.peer = peer_.load(std::memory_order_relaxed);
+  s.waiting_s = seconds_since(wait_start, now);
+  s.step_s = seconds_since(step_start_ns_.load(std::memory_order_relaxed), now);
+  return s;
 }
 
 // Every step is a bijection of the state, so buffers that differ in one word always hash

@@ -71,6 +71,20 @@ const char* direction(bool send) {
   return send ? "a send to" : "a receive from";
 }
 
+// Posts a wait on the progress board for as long as it lasts, however it ends.
+class WaitPost {
+ public:
+  WaitPost(ProgressBoard& board, const char* what, int peer) : board_(board) {
+    board_.enter_wait(what, peer);
+  }
+  ~WaitPost() { board_.leave_wait(); }
+  WaitPost(const WaitPost&) = delete;
+  WaitPost& operator=(const WaitPost&) = delete;
+
+ private:
+  ProgressBoard& board_;
+};
+
 }  // namespace
 
 std::string mpi_error_string(int code) {
@@ -220,6 +234,7 @@ void MpiComm::wait(CommRequest& request) {
   }
   // Whatever happens below, the caller's handle is spent.
   request.id = -1;
+  const WaitPost post(board(), direction(transfer.send), transfer.peer);
 
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -276,7 +291,15 @@ void MpiComm::wait(CommRequest& request) {
   }
 }
 
+void MpiComm::set_timeout(double seconds) {
+  RINGTRAIN_CHECK(std::isfinite(seconds) && seconds > 0,
+                  "the communication timeout must be a positive number of seconds, got {}",
+                  seconds);
+  timeout_s_ = seconds;
+}
+
 void MpiComm::complete_collective(MPI_Request& request, const char* what) {
+  const WaitPost post(board(), what, -1);
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(timeout_s_));
@@ -288,10 +311,10 @@ void MpiComm::complete_collective(MPI_Request& request, const char* what) {
     // A collective cannot be cancelled: the request is abandoned and the job must end, which
     // is what main() does with any error.
     RINGTRAIN_CHECK(now < deadline,
-                    "rank {}: no progress for {:g} s in {}; did every rank reach it (a rank that "
-                    "died, stalled or called another collective)? set RINGTRAIN_COMM_TIMEOUT_S "
-                    "to wait longer",
-                    rank_, timeout_s_, what);
+                    "rank {}: no progress for {:g} s in {} ({}); did every rank reach it (a rank "
+                    "that died, stalled or called another collective)? set "
+                    "RINGTRAIN_COMM_TIMEOUT_S to wait longer",
+                    rank_, timeout_s_, what, board().snapshot().phase);
     if (now - start >= spin_) std::this_thread::sleep_for(kBackoff);
   }
 }
@@ -300,6 +323,8 @@ void MpiComm::complete_collective(MPI_Request& request, const char* what) {
 // ring is measured against (MPI_Iallreduce runs a different implementation in Open MPI), so it
 // has no deadline of ours; the ring's own waits do.
 void MpiComm::allreduce_library(float* data, size_t n, ReduceOp op) {
+  // Blocking: no deadline of ours, but the watchdog sees the post and ends a stuck job.
+  const WaitPost post(board(), "MPI_Allreduce", -1);
   for (size_t offset = 0; offset < n; offset += kMaxPieceFloats) {
     const auto piece = static_cast<int>(std::min(kMaxPieceFloats, n - offset));
     RINGTRAIN_CHECK_MPI(
@@ -319,7 +344,7 @@ void MpiComm::broadcast(void* data, size_t bytes, int root) {
     const auto piece = static_cast<int>(std::min(kMaxPieceBytes, bytes - offset));
     MPI_Request request;
     RINGTRAIN_CHECK_MPI(MPI_Ibcast(base + offset, piece, MPI_BYTE, root, comm_, &request));
-    complete_collective(request, fmt::format("a broadcast from rank {}", root).c_str());
+    complete_collective(request, "a broadcast");
   }
 }
 
