@@ -597,31 +597,39 @@ int run(Options o, MpiComm& comm) {
   BeforeUpdateFn guard;
   if (o.check_finite) {
     guard = [&](const StepStats& stats, std::span<const float> grads) {
-      const uint8_t bad = std::isfinite(stats.loss) && all_finite(grads) ? 0 : 1;
+      // Bit 0: this rank's loss; bit 1: the averaged gradients (the same on every rank).
+      const uint8_t bad = static_cast<uint8_t>((std::isfinite(stats.loss) ? 0 : 1) |
+                                               (all_finite(grads) ? 0 : 2));
       std::vector<uint8_t> flags;
       {
         const PhaseScope phase(comm.board(), "finite check");
         flags = allgather_value(comm, bad);
       }
       std::string bad_ranks;
-      for (int r = 0; r < ranks; ++r)
-        if (flags[static_cast<size_t>(r)]) bad_ranks += fmt::format("{}{}", bad_ranks.empty() ? "" : ", ", r);
-      if (bad_ranks.empty()) {
+      bool any = false;
+      for (int r = 0; r < ranks; ++r) {
+        const uint8_t flag = flags[static_cast<size_t>(r)];
+        any |= flag != 0;
+        if (flag & 1) bad_ranks += fmt::format("{}{}", bad_ranks.empty() ? "" : ", ", r);
+      }
+      if (!any) {
         bad_in_a_row = 0;
         return true;
       }
+      bad_ranks = bad_ranks.empty() ? "the averaged gradients"
+                                    : fmt::format("the loss on rank(s) {}", bad_ranks);
       ++bad_in_a_row;
       ++skipped_steps;
       if (bad_in_a_row >= o.max_bad_steps) {
         throw Error(fmt::format("--check-finite: {} steps in a row (the last, step {}) had NaN "
-                                "or Inf in the loss or gradients (rank(s) {}); stopping. Lower "
-                                "--lr or check the data; the last checkpoint is unaffected",
+                                "or Inf ({}); stopping. Lower --lr or check the data; the "
+                                "checkpoints already written are unaffected",
                                 bad_in_a_row, current_step, bad_ranks),
                     ExitCode::kNonFinite, /*on_every_rank=*/true);
       }
       if (rank == 0)
-        spdlog::warn("step {}: NaN or Inf in the loss or averaged gradients (rank(s) {}); the "
-                     "update is skipped ({} in a row; the job stops at {})",
+        spdlog::warn("step {}: NaN or Inf in {}; the update is skipped on every rank ({} in a "
+                     "row; the job stops at {})",
                      current_step, bad_ranks, bad_in_a_row, o.max_bad_steps);
       return false;
     };

@@ -1,4 +1,6 @@
-// ReLU: y = max(x, 0); the backward pass reads the saved output, not the input.
+// ReLU: y = max(x, 0); the backward pass reads the saved output, not the input. A NaN passes
+// through (as in PyTorch): swallowed here, it would hide a corrupt input from the loss and
+// from --check-finite's loss test while still poisoning the weight gradients.
 #include "ringtrain/layers.h"
 #include "ringtrain/ops.h"
 
@@ -6,7 +8,7 @@ namespace ringtrain {
 
 template <typename T>
 void relu_forward(const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] > T(0) || x[i] != x[i]) ? x[i] : T(0);
 }
 
 template <typename T>
