@@ -83,16 +83,23 @@ struct Options {
   std::vector<int64_t> test_nan_steps;
 };
 
-// CLI11 checks ranges but lets "inf" and "nan" through a PositiveNumber check.
-const auto kFinite = CLI::Validator(
-    [](const std::string& text) -> std::string {
-      char* end = nullptr;
-      const double value = std::strtod(text.c_str(), &end);
-      if (end == text.c_str() || *end != '\0' || !std::isfinite(value))
-        return "must be a finite number, got '" + text + "'";
-      return {};
-    },
-    "FINITE");
+// CLI11's PositiveNumber lets "inf" through, and its messages for combined checks print
+// DBL_MAX in full: one check, one plain message.
+CLI::Validator finite_number(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](const std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !std::isfinite(value))
+          return "must be a finite number, got '" + text + "'";
+        if (value < 0 || (value == 0 && !allow_zero))
+          return std::string("must be ") + (allow_zero ? ">= 0" : "> 0") + ", got " + text;
+        return {};
+      },
+      allow_zero ? "FINITE>=0" : "FINITE>0");
+}
+const CLI::Validator kPositiveFinite = finite_number(false);
+const CLI::Validator kNonNegativeFinite = finite_number(true);
 
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("--data-dir", o.data_dir,
@@ -108,7 +115,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->excludes(epochs);
   app.add_option("--batch-size", o.batch_size, "Samples per step")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.schedule.base_lr, "Base learning rate")
-      ->check(kFinite & CLI::PositiveNumber);
+      ->check(kPositiveFinite);
   app.add_option("--optimizer", o.optimizer.kind, "sgd or adam");
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum (PyTorch form)");
   app.add_flag("--nesterov", o.optimizer.nesterov, "Nesterov momentum for SGD");
@@ -177,7 +184,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-secs", o.checkpoint_secs,
                  "Seconds between checkpoints (0: none by time)")
-      ->check(kFinite & CLI::NonNegativeNumber);
+      ->check(kNonNegativeFinite);
   app.add_option("--keep-checkpoints", o.keep_checkpoints, "How many checkpoints to keep")
       ->check(CLI::PositiveNumber);
   app.add_option("--resume", o.resume,
@@ -186,7 +193,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--collective-timeout", o.collective_timeout,
                  "Seconds a collective may go without progress before the watchdog ends the job "
                  "and reports every rank's state")
-      ->check(kFinite & CLI::PositiveNumber);
+      ->check(kPositiveFinite);
   app.add_flag("--check-finite", o.check_finite,
                "Skip the update of a step whose loss or averaged gradients hold NaN or Inf on "
                "any rank (decided identically on all ranks)");

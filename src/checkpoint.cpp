@@ -83,7 +83,8 @@ class Reader {
       bad_file(source_, fmt::format("field '{}' claims {} values but only {} bytes remain", field,
                                     count, remaining()));
     std::vector<float> values(count);
-    std::memcpy(values.data(), bytes_.data() + offset_, count * sizeof(float));
+    // An empty vector's data() may be null, which memcpy must never get, even for 0 bytes.
+    if (count != 0) std::memcpy(values.data(), bytes_.data() + offset_, count * sizeof(float));
     offset_ += count * sizeof(float);
     return values;
   }

@@ -19,6 +19,17 @@ expect_error() {
   grep -qF -- "$needle" <<<"$out" || fail "$what: output lacks '$needle': $out"
 }
 
+# expect_exit "what" CODE "text the output must contain" command...: the exact exit status.
+expect_exit() {
+  local what=$1 code=$2 needle=$3
+  shift 3
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  [ "$status" -eq "$code" ] || fail "$what: exited $status, expected $code: $out"
+  grep -qF -- "$needle" <<<"$out" || fail "$what: output lacks '$needle': $out"
+}
+
 unset RINGTRAIN_DATA
 short=(--steps 30 --batch-size 32 --log-every 10 --eval-batch 2000)
 
@@ -39,6 +50,51 @@ for f in train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; 
 done
 gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 100000 >"$work/bad/train-images-idx3-ubyte"
 expect_error "truncated images" "train-images-idx3-ubyte" "$trainer" --data-dir "$work/bad" "${short[@]}"
+
+# Exit codes (docs/failures.md): 2 for flags, 3 for unusable input.
+expect_exit "negative batch" 2 "--batch-size" "$trainer" --batch-size -4
+expect_exit "infinite learning rate" 2 "--lr" "$trainer" --lr inf
+expect_exit "NaN learning rate" 2 "--lr" "$trainer" --lr nan
+expect_exit "unknown model (exit 2)" 2 "--model" "$trainer" --model resnet
+expect_exit "missing data (exit 3)" 3 "$work/nowhere" "$trainer" --data-dir "$work/nowhere" "${short[@]}"
+expect_exit "a batch larger than the data" 3 "larger than the 60000 training images" \
+  "$trainer" --steps 1 --batch-size 70000
+
+# Checkpoints: a good one first, then every way one can be unusable.
+"$trainer" "${short[@]}" --checkpoint-dir "$work/ck" --checkpoint-every 10 --keep-checkpoints 2 \
+  >"$work/ck.log" 2>&1 || fail "the checkpointing run exited non-zero: $(cat "$work/ck.log")"
+[ "$(ls "$work/ck" | tr '\n' ' ')" = "ckpt-0000000020.rtckpt ckpt-0000000030.rtckpt " ] ||
+  fail "expected the 2 newest checkpoints (steps 20, 30), found: $(ls "$work/ck")"
+good="$work/ck/ckpt-0000000030.rtckpt"
+size=$(stat -c %s "$good")
+head -c $((size / 2)) "$good" >"$work/truncated.rtckpt"
+expect_exit "truncated checkpoint" 3 "truncated" "$trainer" "${short[@]}" --resume "$work/truncated.rtckpt"
+cp "$good" "$work/corrupt.rtckpt"
+printf '\x01' | dd of="$work/corrupt.rtckpt" bs=1 seek=4000 conv=notrunc 2>/dev/null
+expect_exit "corrupt checkpoint" 3 "checksum mismatch" "$trainer" "${short[@]}" --resume "$work/corrupt.rtckpt"
+cp "$good" "$work/future.rtckpt"
+printf '\x09' | dd of="$work/future.rtckpt" bs=1 seek=8 conv=notrunc 2>/dev/null
+expect_exit "checkpoint of another version" 3 "format version 9" "$trainer" "${short[@]}" --resume "$work/future.rtckpt"
+expect_exit "checkpoint of another model" 3 "is of model mlp" \
+  "$trainer" "${short[@]}" --hidden 100 --resume "$good"
+expect_exit "checkpoint of another seed" 3 "pass --seed 42" "$trainer" "${short[@]}" --seed 9 --resume "$good"
+expect_exit "not a checkpoint at all" 3 "not a ringtrain checkpoint" \
+  "$trainer" "${short[@]}" --resume /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+expect_exit "missing checkpoint file" 3 "cannot open" "$trainer" "${short[@]}" --resume "$work/none.rtckpt"
+expect_exit "--resume never over existing checkpoints" 3 "--resume auto" \
+  "$trainer" "${short[@]}" --checkpoint-dir "$work/ck" --resume never
+[ "$(ls "$work/ck" | wc -l)" -eq 2 ] || fail "--resume never changed the checkpoint directory"
+touch "$work/plain-file"
+expect_exit "checkpoint dir below a file" 3 "--checkpoint-dir $work/plain-file/sub" \
+  "$trainer" "${short[@]}" --checkpoint-dir "$work/plain-file/sub"
+if [ "$(id -u)" -ne 0 ]; then
+  mkdir "$work/readonly" && chmod 555 "$work/readonly"
+  expect_exit "read-only checkpoint dir" 3 "cannot write there" \
+    "$trainer" "${short[@]}" --checkpoint-dir "$work/readonly"
+fi
+# A run that is already complete resumes, trains nothing, and still evaluates.
+expect_exit "resume a finished run" 0 "nothing left to train" \
+  "$trainer" "${short[@]}" --checkpoint-dir "$work/ck"
 
 # Default data, metrics and parameter files, bit-for-bit reproducibility.
 for run in a b; do
