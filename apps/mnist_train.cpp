@@ -114,8 +114,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::PositiveNumber)
       ->excludes(epochs);
   app.add_option("--batch-size", o.batch_size, "Samples per step")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.schedule.base_lr, "Base learning rate")
-      ->check(kPositiveFinite);
+  app.add_option("--lr", o.schedule.base_lr, "Base learning rate")->check(kPositiveFinite);
   app.add_option("--optimizer", o.optimizer.kind, "sgd or adam");
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum (PyTorch form)");
   app.add_flag("--nesterov", o.optimizer.nesterov, "Nesterov momentum for SGD");
@@ -272,15 +271,13 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model,
       {"--steps/--epochs", fmt::format("{} / {}", o.steps, o.epochs)},
       {"--seed", std::to_string(o.seed)},
       {"optimizer", describe_optimizer(o.optimizer)},
-      {"lr schedule", describe_schedule(o.schedule) +
-                          fmt::format(" warmup-epochs {} scaling {}", o.warmup_epochs,
-                                      o.lr_scaling)},
+      {"lr schedule", describe_schedule(o.schedule) + fmt::format(" warmup-epochs {} scaling {}",
+                                                                  o.warmup_epochs, o.lr_scaling)},
       {"--ema-decay", fmt::format("{}", o.ema_decay)},
       {"training data", data_hash(data.train)},
       {"test data", data_hash(data.test)},
       {"--allreduce", o.allreduce},
-      {"buckets", fmt::format("first {} MB, then {} MB", o.first_bucket_mb,
-                              o.fusion_threshold_mb)},
+      {"buckets", fmt::format("first {} MB, then {} MB", o.first_bucket_mb, o.fusion_threshold_mb)},
       {"--check-replicas", std::to_string(o.check_replicas)},
       {"--eval-every/--eval-batch", fmt::format("{} / {}", o.eval_every, o.eval_batch)},
       {"--check-finite", fmt::format("{} (max {} bad steps)", o.check_finite, o.max_bad_steps)},
@@ -341,9 +338,8 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
                 /*on_every_rank=*/true);
   }
   if (status == 0) return std::nullopt;
-  return decode_checkpoint(payload, o.resume != "auto" && o.resume != "never"
-                                        ? o.resume
-                                        : "(broadcast from rank 0)");
+  return decode_checkpoint(
+      payload, o.resume != "auto" && o.resume != "never" ? o.resume : "(broadcast from rank 0)");
 }
 
 // A checkpoint that cannot continue this run is refused with the reason; every rank decides
@@ -355,20 +351,21 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
 void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& model,
                            const Optimizer& optimizer, size_t optimizer_buffers) {
   if (c.model != o.model || c.layers != model.signature() || c.num_params != model.num_params())
-    refuse(fmt::format("the checkpoint at step {} is of model {} ({}, {} parameters); this run "
-                       "builds {} ({}, {} parameters): use the same --model and --hidden, or "
-                       "another --checkpoint-dir",
-                       c.step, c.model, c.layers, c.num_params, o.model, model.signature(),
-                       model.num_params()));
+    refuse(fmt::format(
+        "the checkpoint at step {} is of model {} ({}, {} parameters); this run "
+        "builds {} ({}, {} parameters): use the same --model and --hidden, or "
+        "another --checkpoint-dir",
+        c.step, c.model, c.layers, c.num_params, o.model, model.signature(), model.num_params()));
   if (c.optimizer != optimizer.name() || c.optimizer_state.size() != optimizer_buffers)
-    refuse(fmt::format("the checkpoint at step {} holds {} state with {} buffer(s); this run's "
-                       "{} needs {}: use the optimizer flags of the run that wrote it",
-                       c.step, c.optimizer, c.optimizer_state.size(), optimizer.name(),
-                       optimizer_buffers));
+    refuse(fmt::format(
+        "the checkpoint at step {} holds {} state with {} buffer(s); this run's "
+        "{} needs {}: use the optimizer flags of the run that wrote it",
+        c.step, c.optimizer, c.optimizer_state.size(), optimizer.name(), optimizer_buffers));
   if (c.seed != o.seed)
-    refuse(fmt::format("the checkpoint at step {} was written with --seed {}, this run has "
-                       "--seed {}: the data order would change; pass --seed {}",
-                       c.step, c.seed, o.seed, c.seed));
+    refuse(
+        fmt::format("the checkpoint at step {} was written with --seed {}, this run has "
+                    "--seed {}: the data order would change; pass --seed {}",
+                    c.step, c.seed, o.seed, c.seed));
 }
 
 // Means per step of the step's parts, in milliseconds.
@@ -442,29 +439,33 @@ int run(Options o, MpiComm& comm) {
     // the rank count.
     const int64_t global = resumed->global_batch;
     if (o.batch_size_given && o.batch_size * ranks != global)
-      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
-                         "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
-                         "pass --batch-size {} or leave it out",
-                         resumed->step, global, resumed->ranks, ranks, o.batch_size,
-                         o.batch_size * ranks, global % ranks == 0 ? global / ranks : 0));
+      refuse(
+          fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
+                      "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
+                      "pass --batch-size {} or leave it out",
+                      resumed->step, global, resumed->ranks, ranks, o.batch_size,
+                      o.batch_size * ranks, global % ranks == 0 ? global / ranks : 0));
     if (global % ranks != 0)
-      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
-                         "ranks cannot share evenly: resume on a rank count that divides {}",
-                         resumed->step, global, ranks, global));
+      refuse(
+          fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
+                      "ranks cannot share evenly: resume on a rank count that divides {}",
+                      resumed->step, global, ranks, global));
     if (resumed->ranks != ranks && rank == 0)
-      spdlog::warn("resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
-                   "global batch of {} and the data order (the sums run in another order, so "
-                   "the bits differ from a {}-rank run)",
-                   resumed->ranks, ranks, global / ranks, global, resumed->ranks);
+      spdlog::warn(
+          "resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
+          "global batch of {} and the data order (the sums run in another order, so "
+          "the bits differ from a {}-rank run)",
+          resumed->ranks, ranks, global / ranks, global, resumed->ranks);
     o.batch_size = global / ranks;
   }
 
   const int64_t global_batch = o.batch_size * ranks;
   const int64_t steps_per_epoch = data.train.count / global_batch;
   if (steps_per_epoch < 1)
-    refuse(fmt::format("the global batch ({} ranks x --batch-size {}) is larger than the {} "
-                       "training images: use fewer ranks or a smaller --batch-size",
-                       ranks, o.batch_size, data.train.count));
+    refuse(
+        fmt::format("the global batch ({} ranks x --batch-size {}) is larger than the {} "
+                    "training images: use fewer ranks or a smaller --batch-size",
+                    ranks, o.batch_size, data.train.count));
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * steps_per_epoch;
 
   LrSchedule schedule = o.schedule;
@@ -491,9 +492,10 @@ int run(Options o, MpiComm& comm) {
     const Checkpoint& c = *resumed;
     check_checkpoint_fits(c, o, *model, *optimizer, optimizer->state().size());
     if (rank == 0 && describe_schedule(c.schedule) != describe_schedule(schedule))
-      spdlog::warn("the checkpoint's learning-rate schedule ({}) differs from this run's ({}); "
-                   "continuing with this run's",
-                   describe_schedule(c.schedule), describe_schedule(schedule));
+      spdlog::warn(
+          "the checkpoint's learning-rate schedule ({}) differs from this run's ({}); "
+          "continuing with this run's",
+          describe_schedule(c.schedule), describe_schedule(schedule));
     // Every rank decoded the same verified bytes: the replicas start identical without a
     // broadcast.
     std::copy(c.params.begin(), c.params.end(), params.begin());
@@ -561,8 +563,8 @@ int run(Options o, MpiComm& comm) {
       o.seed);
   if (bucketer) {
     spdlog::info("gradients: {} bucket(s) averaged by {} {} ({}); watchdog {:g} s", bucket_count,
-                 o.allreduce, overlap ? "while backward runs" : "after backward",
-                 overlap_reason, o.collective_timeout);
+                 o.allreduce, overlap ? "while backward runs" : "after backward", overlap_reason,
+                 o.collective_timeout);
   }
 
   std::optional<CheckpointDir> checkpoints;
@@ -586,7 +588,8 @@ int run(Options o, MpiComm& comm) {
                  .params = {params.begin(), params.end()},
                  .optimizer = optimizer->name(),
                  .optimizer_steps = optimizer->steps_taken()};
-    for (const auto& buffer : optimizer->state()) c.optimizer_state.emplace_back(buffer.begin(), buffer.end());
+    for (const auto& buffer : optimizer->state())
+      c.optimizer_state.emplace_back(buffer.begin(), buffer.end());
     if (ema) {
       c.ema_decay = ema->decay();
       c.ema_updates = ema->updates();
@@ -605,8 +608,8 @@ int run(Options o, MpiComm& comm) {
   if (o.check_finite) {
     guard = [&](const StepStats& stats, std::span<const float> grads) {
       // Bit 0: this rank's loss; bit 1: the averaged gradients (the same on every rank).
-      const uint8_t bad = static_cast<uint8_t>((std::isfinite(stats.loss) ? 0 : 1) |
-                                               (all_finite(grads) ? 0 : 2));
+      const uint8_t bad =
+          static_cast<uint8_t>((std::isfinite(stats.loss) ? 0 : 1) | (all_finite(grads) ? 0 : 2));
       std::vector<uint8_t> flags;
       {
         const PhaseScope phase(comm.board(), "finite check");
@@ -635,9 +638,10 @@ int run(Options o, MpiComm& comm) {
                     ExitCode::kNonFinite, /*on_every_rank=*/true);
       }
       if (rank == 0)
-        spdlog::warn("step {}: NaN or Inf in {}; the update is skipped on every rank ({} in a "
-                     "row; the job stops at {})",
-                     current_step, bad_ranks, bad_in_a_row, o.max_bad_steps);
+        spdlog::warn(
+            "step {}: NaN or Inf in {}; the update is skipped on every rank ({} in a "
+            "row; the job stops at {})",
+            current_step, bad_ranks, bad_in_a_row, o.max_bad_steps);
       return false;
     };
   }
@@ -696,10 +700,10 @@ int run(Options o, MpiComm& comm) {
     if (done == 1 && rank == o.test_perturb_rank) params.back() += 1e-3f;
     if (o.check_replicas > 0 && done % o.check_replicas == 0) check_replicas(comm, *model, done);
     if (show_progress) {
-      progress.update(done - start_step,
-                      fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
-                                  static_cast<double>((done - start_step) * global_batch) /
-                                      train_seconds));
+      progress.update(
+          done - start_step,
+          fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
+                      static_cast<double>((done - start_step) * global_batch) / train_seconds));
     }
     if (o.log_every > 0 && (done % o.log_every == 0 || done == total_steps) && window_steps > 0) {
       const double mean_loss = window_loss / static_cast<double>(window_steps);
@@ -767,7 +771,8 @@ int run(Options o, MpiComm& comm) {
       "summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
       "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
       times.mean(times.compute_ms), times.mean(times.comm_ms), times.mean(times.exposed_ms),
-      std::max(0.0, times.overlap_efficiency()) * 100.0, ranks, overlap ? "overlapped" : "not overlapped");
+      std::max(0.0, times.overlap_efficiency()) * 100.0, ranks,
+      overlap ? "overlapped" : "not overlapped");
   metrics.write("summary", {{"test_accuracy", eval.accuracy()},
                             {"images_per_sec", images_per_sec},
                             {"step_ms", step_ms},
@@ -833,8 +838,7 @@ int main(int argc, char** argv) {
     }
     spdlog::error("{}", error.what());
     if (ranks > 1) {
-      spdlog::error("rank {} of {} failed; ending the whole job (exit code {})", rank, ranks,
-                    code);
+      spdlog::error("rank {} of {} failed; ending the whole job (exit code {})", rank, ranks, code);
       MpiSession::abort_job(code);  // so no other rank waits forever on this one
     }
     return code;

@@ -213,8 +213,8 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& 
   const auto buffers = r.scalar<uint64_t>("optimizer_state count");
   // Each buffer needs at least its 8-byte length: a bound that holds before allocating.
   if (buffers > r.remaining() / sizeof(uint64_t))
-    bad_file(source, fmt::format("claims {} optimizer buffers in {} bytes", buffers,
-                                 r.remaining()));
+    bad_file(source,
+             fmt::format("claims {} optimizer buffers in {} bytes", buffers, r.remaining()));
   c.optimizer_state.reserve(buffers);
   for (uint64_t i = 0; i < buffers; ++i) c.optimizer_state.push_back(r.floats("optimizer_state"));
   c.ema_decay = r.scalar<float>("ema_decay");
@@ -226,8 +226,8 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& 
   // Internal consistency: sizes that must agree with each other.
   const auto n = static_cast<uint64_t>(c.num_params);
   if (c.num_params < 0 || c.params.size() != n)
-    bad_file(source, fmt::format("holds {} parameters but declares {}", c.params.size(),
-                                 c.num_params));
+    bad_file(source,
+             fmt::format("holds {} parameters but declares {}", c.params.size(), c.num_params));
   for (const auto& buffer : c.optimizer_state) {
     if (buffer.size() != n)
       bad_file(source, fmt::format("an optimizer buffer holds {} values for {} parameters",
@@ -285,8 +285,8 @@ void write_file_atomically(const std::string& path, std::span<const uint8_t> byt
   if (::close(fd) != 0 && error == 0) error = errno;
   if (error != 0) {
     ::unlink(tmp.c_str());
-    RINGTRAIN_FAIL("writing {} failed: {} (disk full?); {} is unchanged", tmp,
-                   std::strerror(error), path);
+    RINGTRAIN_FAIL("writing {} failed: {} (disk full?); {} is unchanged", tmp, std::strerror(error),
+                   path);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     error = errno;

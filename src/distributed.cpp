@@ -142,17 +142,18 @@ void check_config_consistency(Comm& comm, const std::vector<ConfigField>& fields
       ranks_differing += fmt::format("; rank {} has '{}'", r, theirs.text);
     }
     if (!ranks_differing.empty())
-      differences += fmt::format("\n  {}: rank 0 has '{}'{}", fields[f].name, all[f].text,
-                                 ranks_differing);
+      differences +=
+          fmt::format("\n  {}: rank 0 has '{}'{}", fields[f].name, all[f].text, ranks_differing);
   }
   if (total > 0) {
-    throw Error(fmt::format("configuration check: the ranks disagree, so training would hang or "
-                            "diverge; nothing was trained.{}{}\n  every rank must run the same "
-                            "binary with the same flags and the same data",
-                            differences,
-                            total > kShown ? fmt::format("\n  ({} more differences)", total - kShown)
-                                          : std::string()),
-                ExitCode::kBadInput, /*on_every_rank=*/true);
+    throw Error(
+        fmt::format("configuration check: the ranks disagree, so training would hang or "
+                    "diverge; nothing was trained.{}{}\n  every rank must run the same "
+                    "binary with the same flags and the same data",
+                    differences,
+                    total > kShown ? fmt::format("\n  ({} more differences)", total - kShown)
+                                   : std::string()),
+        ExitCode::kBadInput, /*on_every_rank=*/true);
   }
 }
 

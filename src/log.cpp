@@ -21,7 +21,8 @@ void setup_logging(int rank, const std::string& level) {
   const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
                               std::getenv("PMI_RANK") != nullptr ||
                               std::getenv("PMIX_RANK") != nullptr;
-  const bool colour = !under_launcher && ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
+  const bool colour =
+      !under_launcher && ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
   spdlog::set_pattern(
       fmt::format("[%H:%M:%S.%e] [rank {}] [{}] %v", rank, colour ? "%^%l%$" : "%l"));
 }

@@ -37,8 +37,7 @@ StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, flo
   }
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
-  if (before_update &&
-      !before_update(stats, {grads.data(), static_cast<size_t>(grads.numel())})) {
+  if (before_update && !before_update(stats, {grads.data(), static_cast<size_t>(grads.numel())})) {
     stats.updated = false;
     return stats;
   }

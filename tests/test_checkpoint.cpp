@@ -206,8 +206,7 @@ TEST_CASE("checkpoint directory: keeps the newest K, falls back past a corrupt o
   CHECK(skipped.size() == 2);
 }
 
-TEST_CASE("checkpoint directory: one that cannot be written is refused naming it",
-          "[checkpoint]") {
+TEST_CASE("checkpoint directory: one that cannot be written is refused naming it", "[checkpoint]") {
   TempDir temp;
   const fs::path file = temp.path / "a-file";
   std::ofstream(file) << "x";

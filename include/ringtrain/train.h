@@ -27,7 +27,7 @@ struct StepStats {
   double loss = 0.0;    // mean over the batch
   int64_t correct = 0;  // rows whose arg-max matched the label
   int64_t samples = 0;
-  CommStats comm;  // zero without a bucketer
+  CommStats comm;       // zero without a bucketer
   bool updated = true;  // false when before_update skipped the optimizer step
 };
 

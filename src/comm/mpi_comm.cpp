@@ -274,7 +274,7 @@ void MpiComm::wait(CommRequest& request) {
       }
       RINGTRAIN_FAIL(
           "rank {}: no progress for {:g} s on {} rank {} (tag {}); is that rank alive? set "
-          "RINGTRAIN_COMM_TIMEOUT_S to wait longer",
+          "RINGTRAIN_COMM_TIMEOUT_S (mnist_train: --collective-timeout) to wait longer",
           rank_, timeout_s_, direction(transfer.send), transfer.peer, transfer.tag);
     }
     if (now - start >= spin_) std::this_thread::sleep_for(kBackoff);
@@ -313,7 +313,7 @@ void MpiComm::complete_collective(MPI_Request& request, const char* what) {
     RINGTRAIN_CHECK(now < deadline,
                     "rank {}: no progress for {:g} s in {} ({}); did every rank reach it (a rank "
                     "that died, stalled or called another collective)? set "
-                    "RINGTRAIN_COMM_TIMEOUT_S to wait longer",
+                    "RINGTRAIN_COMM_TIMEOUT_S (mnist_train: --collective-timeout) to wait longer",
                     rank_, timeout_s_, what, board().snapshot().phase);
     if (now - start >= spin_) std::this_thread::sleep_for(kBackoff);
   }

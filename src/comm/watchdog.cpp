@@ -174,14 +174,16 @@ void CollectiveWatchdog::report_and_abort(const ProgressBoard::Snapshot& mine) {
                          s.waiting_s, s.phase, describe_wait(s));
     } else if (s.waiting) {
       append(not_reached, p);
-      line = fmt::format("step {}, waiting {:.1f} s in another collective, the {} on {}: the "
-                         "ranks disagree on the order of collectives",
-                         s.step, s.waiting_s, s.phase, describe_wait(s));
+      line = fmt::format(
+          "step {}, waiting {:.1f} s in another collective, the {} on {}: the "
+          "ranks disagree on the order of collectives",
+          s.step, s.waiting_s, s.phase, describe_wait(s));
     } else {
       append(not_reached, p);
-      line = fmt::format("step {}, not in a collective (busy {:.1f} s into the step, last in "
-                         "the {}): has not reached it",
-                         s.step, s.step_s, s.phase);
+      line = fmt::format(
+          "step {}, not in a collective (busy {:.1f} s into the step, last in "
+          "the {}): has not reached it",
+          s.step, s.step_s, s.phase);
     }
     lines += fmt::format("\n  rank {}: {}", p, line);
   }
