@@ -92,6 +92,14 @@ if [ "$(id -u)" -ne 0 ]; then
   expect_exit "read-only checkpoint dir" 3 "cannot write there" \
     "$trainer" "${short[@]}" --checkpoint-dir "$work/readonly"
 fi
+# --checkpoint-secs: a tiny interval checkpoints after every step; --keep-checkpoints 2 keeps two.
+"$trainer" --steps 6 --batch-size 32 --log-every 0 --eval-batch 5000 --checkpoint-dir "$work/secs" \
+  --checkpoint-secs 0.000001 --keep-checkpoints 2 >"$work/secs.log" 2>&1 ||
+  fail "the --checkpoint-secs run exited non-zero: $(cat "$work/secs.log")"
+[ "$(grep -c "checkpoint: step" "$work/secs.log")" -eq 6 ] ||
+  fail "--checkpoint-secs: expected 6 checkpoints written: $(grep checkpoint "$work/secs.log")"
+[ "$(ls "$work/secs" | tr '\n' ' ')" = "ckpt-0000000005.rtckpt ckpt-0000000006.rtckpt " ] ||
+  fail "--checkpoint-secs with --keep-checkpoints 2: found $(ls "$work/secs")"
 # A run that is already complete resumes, trains nothing, and still evaluates.
 expect_exit "resume a finished run" 0 "nothing left to train" \
   "$trainer" "${short[@]}" --checkpoint-dir "$work/ck"
