@@ -14,6 +14,7 @@ packages=(
   dataset-fashion-mnist           # the default data: /usr/share/datasets/fashion-mnist
   iproute2                        # ip, tc: the emulated cluster (scripts/netns_cluster.sh)
   openssh-server openssh-client   # sshd in namespaces: the multi-host ringrun test
+  python3                         # scripts/ringrun
   clang libclang-rt-14-dev        # libFuzzer targets for the file parsers (fuzz/)
 )
 
