@@ -1,0 +1,62 @@
+// The CUDA kernels' launchers (GPU build only). Each launcher checks its launch
+// (RINGTRAIN_CHECK_LAUNCH) and runs asynchronously on the given stream; all pointers are
+// device pointers unless said otherwise. Each kernel has a CPU twin that the GPU tests compare
+// it with (tests/gpu/): the twin is named in the comment.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ringtrain::gpu {
+
+// ---- dense layer pieces (the GEMMs are cuBLAS) ----
+// y[r, c] += bias[c] for r < rows, c < cols.                    Twin: dense_forward's bias.
+void bias_add(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+// dbias[c] = sum over r of dy[r, c] (overwrites).               Twin: dense_backward's db.
+void bias_grad(const float* dy, float* dbias, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// ---- ReLU over n values (NaN passes through) ----                Twin: relu_forward/backward.
+void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
+
+// ---- fused softmax cross-entropy over logits[rows, classes] ----   Twin: softmax_xent.
+// Device-side results of one call (zeroed by the launcher before the kernel runs).
+struct XentStats {
+  double loss_sum;               // sum over rows of -log softmax[label]
+  unsigned long long correct;    // rows whose arg-max (first maximum) equals the label
+  unsigned long long bad_labels; // rows whose label is outside [0, classes)
+};
+// dlogits = (softmax - onehot) / rows when dlogits is not null.
+void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows,
+                  int64_t classes, XentStats* stats, cudaStream_t stream);
+
+// ---- optimizer updates over the flat buffers ----                 Twin: Optimizer::step.
+// g = grad + weight_decay * w; without momentum (velocity null) w -= lr * g; with momentum
+// v = momentum * v + g and w -= lr * v, or w -= lr * (g + momentum * v) when nesterov.
+void sgd_update(float* w, const float* grad, float* velocity, int64_t n, float lr,
+                float weight_decay, float momentum, bool nesterov, cudaStream_t stream);
+// The per-step constants, computed on the host exactly as the CPU Adam does (optim.cpp).
+struct AdamConstants {
+  float weight_decay;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float step_size;       // lr / (1 - beta1^t)
+  float inv_sqrt_bias2;  // 1 / sqrt(1 - beta2^t)
+  float epsilon;
+};
+void adam_update(float* w, const float* grad, float* m, float* v, int64_t n,
+                 const AdamConstants& constants, cudaStream_t stream);
+// shadow = keep * shadow + take * w.                                Twin: WeightEma::update.
+void ema_update(float* shadow, const float* w, int64_t n, float keep, float take,
+                cudaStream_t stream);
+
+// ---- the ring's arithmetic and helpers ----
+// dst[i] += src[i].                                                 Twin: Comm::add_inplace.
+void add_inplace(float* dst, const float* src, int64_t n, cudaStream_t stream);
+// x[i] *= factor (the average after a sum).
+void scale(float* x, float factor, int64_t n, cudaStream_t stream);
+// *count += the number of NaN or Inf values in x[0, n) (--check-finite).
+void count_nonfinite(const float* x, int64_t n, unsigned long long* count, cudaStream_t stream);
+
+}  // namespace ringtrain::gpu
