@@ -2,6 +2,13 @@
 // MPI_Allreduce, under mpirun, with nccl-tests' flags (-b -e -f -n -w -c) and table
 // (size count type redop | time algbw busbw #wrong).
 //
+// --device cuda (GPU build) runs on device memory, one GPU per rank (the local rank's): ring is
+// the ring over NCCL send/recv (ring_allreduce_device on NcclComm), nccl is ncclAllReduce, and
+// staged is the host-staged ring (copy down, the ring over MPI, copy back); both = ring + nccl.
+// Each timed loop queues its allreduces on the communication stream and synchronises once at
+// the end, as a training step would. When ranks share a GPU (more ranks on a node than visible
+// GPUs), NCCL cannot run: ring falls back to staged, with a line saying why, and nccl is refused.
+//
 // Per size: time = (slowest rank's wall time for n back-to-back allreduces after a barrier) / n;
 // algbw = size / time; busbw = algbw * 2(N-1)/N, the ring's per-rank traffic, so busbw is
 // comparable across rank counts (0 for N = 1, where nothing moves). The buffer (and the ring's
@@ -23,8 +30,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -38,9 +47,15 @@
 
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
+#include "ringtrain/gpu.h"
 #include "ringtrain/log.h"
 #include "ringtrain/mpi_comm.h"
 #include "ringtrain/ring.h"
+#ifdef RINGTRAIN_HAVE_GPU
+#include "ringtrain/cuda_check.h"
+#include "ringtrain/nccl_comm.h"
+#include "ringtrain/staged_ring.h"
+#endif
 
 namespace {
 
@@ -62,6 +77,7 @@ struct Options {
   int check = 1;
   std::string op = "sum";
   std::string backend = "ring";
+  std::string device = "cpu";
   size_t segment_kb = RingOptions{}.segment_elements * sizeof(float) / 1024;
   int window = RingOptions{}.window;
   int repeats = 1;
@@ -69,9 +85,24 @@ struct Options {
   std::string log_level = "info";
 };
 
-enum class Backend { kRing, kMpi };
+enum class Backend { kRing, kMpi, kNccl, kStaged };
+constexpr int kBackends = 4;
 const char* to_string(Backend backend) {
-  return backend == Backend::kRing ? "ring" : "mpi";
+  switch (backend) {
+    case Backend::kRing:
+      return "ring";
+    case Backend::kMpi:
+      return "mpi";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kStaged:
+      return "staged";
+  }
+  return "?";
+}
+// The backends that run the ring (and so have a segment size and window).
+bool runs_ring(Backend backend) {
+  return backend == Backend::kRing || backend == Backend::kStaged;
 }
 
 // What to run, from validated options.
@@ -80,6 +111,7 @@ struct Plan {
   uint64_t min_bytes = 0, max_bytes = 0, factor = 0;
   ReduceOp op = ReduceOp::kSum;
   std::vector<Backend> backends;
+  bool cuda = false;  // --device cuda
   RingOptions ring;
   int iters = 0, warmup_iters = 0, repeats = 0;
   bool check = true;
@@ -109,8 +141,14 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"sum", "avg"}))
       ->capture_default_str();
   app.add_option("--backend", o.backend,
-                 "ring (ring_allreduce), mpi (MPI_Allreduce) or both (interleaved at each size)")
-      ->check(CLI::IsMember({"ring", "mpi", "both"}))
+                 "ring (ring_allreduce), mpi (MPI_Allreduce) or both (interleaved at each size); "
+                 "with --device cuda: ring (over NCCL send/recv), nccl (ncclAllReduce), staged "
+                 "(host-staged ring) or both (ring and nccl)")
+      ->check(CLI::IsMember({"ring", "mpi", "nccl", "staged", "both"}))
+      ->capture_default_str();
+  app.add_option("--device", o.device,
+                 "cpu (host memory, MPI) or cuda (device memory, one GPU per rank, NCCL)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--segment-kb", o.segment_kb,
                  "Ring segment size in KiB (RingOptions::segment_elements)")
@@ -195,8 +233,25 @@ Plan make_plan(const Options& o) {
     size *= plan.factor;
   }
   plan.op = parse_reduce_op(o.op);
+  plan.cuda = o.device == "cuda";
+  if (plan.cuda && !gpu_build()) {
+    std::string why;
+    visible_gpus(&why);
+    throw UsageError(fmt::format("--device cuda: {}", why));
+  }
+  if (!plan.cuda && (o.backend == "nccl" || o.backend == "staged")) {
+    throw UsageError(
+        fmt::format("--backend {} runs on device memory: add --device cuda", o.backend));
+  }
+  if (plan.cuda && o.backend == "mpi") {
+    throw UsageError("--backend mpi runs on host memory: use --device cpu (or --backend staged)");
+  }
   if (o.backend == "ring" || o.backend == "both") plan.backends.push_back(Backend::kRing);
-  if (o.backend == "mpi" || o.backend == "both") plan.backends.push_back(Backend::kMpi);
+  if (o.backend == "mpi" || (o.backend == "both" && !plan.cuda))
+    plan.backends.push_back(Backend::kMpi);
+  if (o.backend == "nccl" || (o.backend == "both" && plan.cuda))
+    plan.backends.push_back(Backend::kNccl);
+  if (o.backend == "staged") plan.backends.push_back(Backend::kStaged);
   plan.ring.segment_elements = o.segment_kb * 1024 / sizeof(float);
   plan.ring.window = o.window;
   plan.iters = o.iters;
@@ -204,15 +259,6 @@ Plan make_plan(const Options& o) {
   plan.repeats = o.repeats;
   plan.check = o.check == 1;
   return plan;
-}
-
-void allreduce(Backend backend, MpiComm& comm, float* data, size_t count, ReduceOp op,
-               RingScratch& scratch, const RingOptions& ring) {
-  if (backend == Backend::kRing) {
-    ring_allreduce(comm, data, count, op, scratch, ring);
-  } else {
-    comm.allreduce_library(data, count, op);
-  }
 }
 
 // data[i] = (rank + 1) * (i % 97 + 1): integers, so every partial sum is exact in float.
@@ -231,15 +277,17 @@ int64_t ordered_bits(float value) {
   return bits >= 0 ? int64_t{bits} : -int64_t{bits & 0x7fffffff};
 }
 
-// Elements of data[0, count) that differ from the closed form of the op over `ranks` ranks.
-uint64_t count_mismatches(const float* data, size_t count, int ranks, ReduceOp op) {
+// Elements of data[0, count) that differ from the closed form of the op over `ranks` ranks, by
+// more than `avg_ulps` for an average (sums must be exact).
+uint64_t count_mismatches(const float* data, size_t count, int ranks, ReduceOp op,
+                          int64_t avg_ulps) {
   const double rank_sum = static_cast<double>(ranks) * (ranks + 1) / 2.0;  // sum of (rank + 1)
   float expected[kPeriod];
   for (size_t k = 0; k < kPeriod; ++k) {
     const auto sum = static_cast<float>(static_cast<double>(k + 1) * rank_sum);
     expected[k] = op == ReduceOp::kSum ? sum : sum / static_cast<float>(ranks);
   }
-  const int64_t tolerance = op == ReduceOp::kSum ? 0 : 1;  // ulps
+  const int64_t tolerance = op == ReduceOp::kSum ? 0 : avg_ulps;
   uint64_t wrong = 0;
   for (size_t base = 0; base < count; base += kPeriod) {
     const size_t end = std::min(count, base + kPeriod);
@@ -253,13 +301,147 @@ uint64_t count_mismatches(const float* data, size_t count, int ranks, ReduceOp o
   return wrong;
 }
 
+// Where the buffer lives and how each backend reduces it. The buffer (and every scratch) is
+// allocated once, at the largest size.
+class Target {
+ public:
+  virtual ~Target() = default;
+  // Fills the buffer's first `count` elements with fill_pattern for this rank.
+  virtual void fill(size_t count, int rank) = 0;
+  // Runs (host) or queues (device) one allreduce of the buffer's first `count` elements.
+  virtual void allreduce(Backend backend, size_t count, ReduceOp op) = 0;
+  // Returns when everything queued has completed (a no-op on the host).
+  virtual void complete() = 0;
+  // The first `count` elements on the host, after complete().
+  virtual const float* result(size_t count) = 0;
+};
+
+class HostTarget final : public Target {
+ public:
+  HostTarget(MpiComm& comm, size_t max_count, const RingOptions& ring) : comm_(comm), ring_(ring) {
+    try {
+      buffer_.resize(max_count);
+    } catch (const std::bad_alloc&) {
+      RINGTRAIN_FAIL("cannot allocate {} bytes for -e/--maxbytes", max_count * sizeof(float));
+    }
+  }
+  void fill(size_t count, int rank) override { fill_pattern(buffer_.data(), count, rank); }
+  void allreduce(Backend backend, size_t count, ReduceOp op) override {
+    if (backend == Backend::kRing) {
+      ring_allreduce(comm_, buffer_.data(), count, op, scratch_, ring_);
+    } else {
+      comm_.allreduce_library(buffer_.data(), count, op);
+    }
+  }
+  void complete() override {}
+  const float* result(size_t) override { return buffer_.data(); }
+
+ private:
+  MpiComm& comm_;
+  const RingOptions& ring_;
+  std::vector<float> buffer_;
+  RingScratch scratch_;
+};
+
+#ifdef RINGTRAIN_HAVE_GPU
+// Device memory on the local rank's GPU. With its own GPU per rank: an NcclComm (ring over
+// NCCL send/recv, ncclAllReduce) whose stream also carries the staged path's copies; with ranks
+// sharing a GPU: no NCCL, only the staged path, on a stream of its own.
+class DeviceTarget final : public Target {
+ public:
+  DeviceTarget(MpiComm& comm, size_t max_count, const RingOptions& ring, bool shared_gpu, int gpus)
+      : comm_(comm), ring_(ring), host_(max_count) {
+    if (shared_gpu) {
+      RINGTRAIN_CHECK_CUDA(cudaSetDevice(comm.local_rank() % gpus));
+      RINGTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+      stream_ = own_stream_;
+    } else {
+      nccl_.emplace(comm, NcclOptions{.timeout_s = comm.timeout()});
+      stream_ = nccl_->stream();
+    }
+    const size_t bytes = std::max<size_t>(max_count, 1) * sizeof(float);
+    const cudaError_t status = cudaMalloc(&data_, bytes);
+    RINGTRAIN_CHECK(status == cudaSuccess,
+                    "cannot allocate {} bytes of device memory for -e/--maxbytes: {}", bytes,
+                    cudaGetErrorString(status));
+    if (nccl_) ring_scratch_.reserve(max_count, comm.size(), ring);
+    staging_.reserve(max_count);
+  }
+  ~DeviceTarget() override {
+    if (std::uncaught_exceptions() > 0) {
+      // On the way to abort_job: waiting for a stream that a dead peer holds would hang.
+      if (nccl_) nccl_->abort();
+      return;
+    }
+    if (own_stream_ != nullptr) cudaStreamSynchronize(own_stream_);
+    if (nccl_ && !nccl_->aborted()) cudaStreamSynchronize(nccl_->stream());
+    cudaFree(data_);
+    if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
+  }
+  DeviceTarget(const DeviceTarget&) = delete;
+  DeviceTarget& operator=(const DeviceTarget&) = delete;
+
+  void fill(size_t count, int rank) override {
+    fill_pattern(host_.data(), count, rank);
+    // The host vector is pageable: this copy has left it when the call returns.
+    if (count > 0)
+      RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(data_, host_.data(), count * sizeof(float),
+                                           cudaMemcpyHostToDevice, stream_));
+  }
+  void allreduce(Backend backend, size_t count, ReduceOp op) override {
+    switch (backend) {
+      case Backend::kRing:
+        ring_allreduce_device(*nccl_, data_, count, op, ring_scratch_, ring_);
+        break;
+      case Backend::kNccl:
+        nccl_->allreduce_library(data_, count, op);
+        break;
+      case Backend::kStaged:
+        staged_ring_allreduce(comm_, data_, count, op, host_scratch_, staging_, stream_, ring_,
+                              {.timeout_s = comm_.timeout()});
+        break;
+      case Backend::kMpi:
+        RINGTRAIN_FAIL("the mpi backend has no device memory path");
+    }
+  }
+  void complete() override {
+    if (nccl_) {
+      nccl_->synchronize();
+    } else {
+      RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    }
+  }
+  const float* result(size_t count) override {
+    if (count > 0)
+      RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(host_.data(), data_, count * sizeof(float),
+                                           cudaMemcpyDeviceToHost, stream_));
+    complete();
+    return host_.data();
+  }
+
+ private:
+  MpiComm& comm_;
+  const RingOptions& ring_;
+  std::vector<float> host_;
+  std::optional<NcclComm> nccl_;
+  cudaStream_t own_stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* data_ = nullptr;
+  DeviceRingScratch ring_scratch_;
+  RingScratch host_scratch_;
+  HostStaging staging_;
+};
+#endif
+
 // One checked allreduce of `count` elements; returns #wrong summed over ranks (the same on all):
 // mismatched elements on every rank plus the ranks whose bits differ from rank 0's.
-uint64_t check_once(Backend backend, MpiComm& comm, float* data, size_t count, ReduceOp op,
-                    RingScratch& scratch, const RingOptions& ring) {
-  fill_pattern(data, count, comm.rank());
-  allreduce(backend, comm, data, count, op, scratch, ring);
-  const uint64_t local = count_mismatches(data, count, comm.size(), op);
+uint64_t check_once(Backend backend, MpiComm& comm, Target& target, size_t count, ReduceOp op) {
+  target.fill(count, comm.rank());
+  target.allreduce(backend, count, op);
+  const float* data = target.result(count);
+  // ncclAvg scales before it sums (floats): a few ulps from the closed form, not one.
+  const int64_t avg_ulps = backend == Backend::kNccl ? comm.size() + 1 : 1;
+  const uint64_t local = count_mismatches(data, count, comm.size(), op, avg_ulps);
   const auto hashes = allgather_value(comm, hash_bytes(data, count * sizeof(float)));
   const auto mismatches = allgather_value(comm, local);
   uint64_t wrong = 0;
@@ -273,12 +455,15 @@ uint64_t check_once(Backend backend, MpiComm& comm, float* data, size_t count, R
   return wrong;
 }
 
-// Seconds per allreduce: the slowest rank's time for `iters` back-to-back calls, / iters.
-double time_iterations(Backend backend, MpiComm& comm, float* data, size_t count, ReduceOp op,
-                       RingScratch& scratch, const RingOptions& ring, int iters) {
+// Seconds per allreduce: the slowest rank's time for `iters` back-to-back calls, / iters. On a
+// device the calls are queued and the clock stops once the last has completed.
+double time_iterations(Backend backend, MpiComm& comm, Target& target, size_t count, ReduceOp op,
+                       int iters) {
+  target.complete();
   comm.barrier();
   const double start = MPI_Wtime();
-  for (int i = 0; i < iters; ++i) allreduce(backend, comm, data, count, op, scratch, ring);
+  for (int i = 0; i < iters; ++i) target.allreduce(backend, count, op);
+  target.complete();
   const double elapsed = MPI_Wtime() - start;
   const auto all = allgather_value(comm, elapsed);
   return *std::max_element(all.begin(), all.end()) / iters;
@@ -355,7 +540,7 @@ class Report {
       std::string times;
       for (double s : row.seconds)
         times += fmt::format("{}{:.3f}", times.empty() ? "" : ";", s * 1e6);
-      const bool ring = row.backend == Backend::kRing;
+      const bool ring = runs_ring(row.backend);
       *csv_ << fmt::format(
           "{},{},float,{},{},{},{},{},{},{},{},{:.3f},{:.4f},{:.4f},{:.3f},{:.3f},{:.4f},{:.4f},{},"
           "{}\n",
@@ -393,8 +578,8 @@ class Report {
   int ranks_;
   bool show_backend_;
   std::optional<std::ofstream> csv_;
-  double bus_sums_[2] = {0.0, 0.0};
-  int rows_[2] = {0, 0};
+  double bus_sums_[kBackends] = {};
+  int rows_[kBackends] = {};
 };
 
 std::string command_line(int argc, char** argv) {
@@ -439,19 +624,41 @@ void print_preamble(MpiComm& comm, const Plan& plan, const std::string& command)
       "validation: {}\n",
       plan.min_bytes, plan.max_bytes, plan.factor, plan.warmup_iters, plan.iters, plan.repeats,
       plan.check ? 1 : 0);
+  if (plan.cuda) {
+#ifdef RINGTRAIN_HAVE_GPU
+    fmt::print("# device: cuda, device memory on the local rank's GPU; NCCL {}.{}.{}\n", NCCL_MAJOR,
+               NCCL_MINOR, NCCL_PATCH);
+#endif
+  }
+  const std::string segments =
+      fmt::format("segments of {} elements ({} KiB), window {}", plan.ring.segment_elements,
+                  plan.ring.segment_elements * sizeof(float) / 1024, plan.ring.window);
   for (Backend backend : plan.backends) {
-    if (backend == Backend::kRing) {
-      fmt::print("# ring: ring_allreduce, segments of {} elements ({} KiB), window {}\n",
-                 plan.ring.segment_elements, plan.ring.segment_elements * sizeof(float) / 1024,
-                 plan.ring.window);
-    } else {
-      fmt::print("# mpi: MPI_Allreduce (Comm::allreduce_library)\n");
+    switch (backend) {
+      case Backend::kRing:
+        if (plan.cuda) {
+          fmt::print("# ring: ring_allreduce_device over NCCL send/recv groups, {}\n", segments);
+        } else {
+          fmt::print("# ring: ring_allreduce, {}\n", segments);
+        }
+        break;
+      case Backend::kMpi:
+        fmt::print("# mpi: MPI_Allreduce (Comm::allreduce_library)\n");
+        break;
+      case Backend::kNccl:
+        fmt::print("# nccl: ncclAllReduce (NcclComm::allreduce_library)\n");
+        break;
+      case Backend::kStaged:
+        fmt::print("# staged: copy to pinned host memory, ring_allreduce over MPI, copy back, {}\n",
+                   segments);
+        break;
     }
   }
   if (plan.backends.size() > 1) {
     fmt::print(
-        "# backends alternate within each size: ring first on even repeats, mpi first on "
-        "odd ones\n");
+        "# backends alternate within each size: {} first on even repeats, {} first on "
+        "odd ones\n",
+        to_string(plan.backends.front()), to_string(plan.backends.back()));
   }
   fmt::print("# time: slowest rank's time for {} back-to-back allreduces, / {}{}\n", plan.iters,
              plan.iters,
@@ -464,23 +671,72 @@ void print_preamble(MpiComm& comm, const Plan& plan, const std::string& command)
     fmt::print(
         "# #wrong: elements differing from the closed form ({}), summed over ranks, plus "
         "ranks whose bits differ from rank 0's\n",
-        plan.op == ReduceOp::kSum ? "exact" : "within 1 ulp");
+        plan.op == ReduceOp::kSum ? "exact"
+        : plan.cuda               ? "within 1 ulp; ncclAvg within N+1"
+                                  : "within 1 ulp");
   }
   fmt::print("#\n");
 }
 
-int run(MpiComm& comm, const Plan& plan, const Options& options, const std::string& command) {
+// What --device cuda finds on the machine, the same on every rank (collective).
+struct DeviceSetup {
+  bool shared_gpu = false;  // some node runs more ranks than it has GPUs: no NCCL
+  int gpus = 0;             // visible on this rank's node
+};
+
+// For --device cuda: every rank must see a GPU; when ranks share one, ring runs host-staged
+// (said once) and nccl is refused. Throws UsageError on every rank alike.
+DeviceSetup setup_device(MpiComm& comm, Plan& plan) {
+  DeviceSetup setup;
+  if (!plan.cuda) return setup;
+#ifdef RINGTRAIN_HAVE_GPU
+  std::string why;
+  setup.gpus = visible_gpus(&why);
+  const auto all = allgather_value(comm, setup.gpus);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) {
+      throw UsageError(fmt::format("--device cuda: rank {} sees no GPU{}{}", r,
+                                   r == static_cast<size_t>(comm.rank()) ? ": " : "",
+                                   r == static_cast<size_t>(comm.rank()) ? why : ""));
+    }
+  }
+  setup.shared_gpu = ranks_share_a_gpu(comm, setup.gpus);
+  if (setup.shared_gpu) {
+    if (std::find(plan.backends.begin(), plan.backends.end(), Backend::kNccl) !=
+        plan.backends.end()) {
+      throw UsageError(
+          "--backend nccl: ranks share a GPU (more ranks on a node than visible GPUs), which "
+          "NCCL refuses; use --backend staged, or one rank per GPU");
+    }
+    for (Backend& backend : plan.backends) {
+      if (backend == Backend::kRing) {
+        backend = Backend::kStaged;
+        if (comm.rank() == 0)
+          spdlog::info("--backend ring runs host-staged (staged): ranks share a GPU");
+      }
+    }
+  }
+#else
+  (void)comm;
+#endif
+  return setup;
+}
+
+int run(MpiComm& comm, const Plan& plan, const Options& options, const std::string& command,
+        const DeviceSetup& device) {
   const int rank = comm.rank();
   const size_t max_count = plan.max_bytes / sizeof(float);
-  std::vector<float> buffer;
-  try {
-    buffer.resize(max_count);
-  } catch (const std::bad_alloc&) {
-    RINGTRAIN_FAIL("cannot allocate {} bytes for -e/--maxbytes {}", max_count * sizeof(float),
-                   plan.max_bytes);
+  std::unique_ptr<Target> target;
+  if (plan.cuda) {
+#ifdef RINGTRAIN_HAVE_GPU
+    target =
+        std::make_unique<DeviceTarget>(comm, max_count, plan.ring, device.shared_gpu, device.gpus);
+#endif
+  } else {
+    target = std::make_unique<HostTarget>(comm, max_count, plan.ring);
   }
-  float* data = buffer.data();
-  RingScratch scratch;
+  (void)device;
+  RINGTRAIN_CHECK(target != nullptr, "--device cuda in a build without the GPU path");
 
   std::optional<Report> report;
   if (rank == 0) report.emplace(plan, comm.size(), plan.backends.size() > 1, options.csv);
@@ -494,26 +750,25 @@ int run(MpiComm& comm, const Plan& plan, const Options& options, const std::stri
     for (Backend backend : plan.backends) {
       Row row{.bytes = count * sizeof(float), .count = count, .backend = backend};
       if (plan.check) {
-        row.wrong = check_once(backend, comm, data, count, plan.op, scratch, plan.ring);
+        row.wrong = check_once(backend, comm, *target, count, plan.op);
         total_wrong += row.wrong;
       }
       rows.push_back(row);
     }
     for (Backend backend : plan.backends) {
-      fill_pattern(data, count, rank);
+      target->fill(count, rank);
       spdlog::debug("{} bytes {}: {} warmup iterations", count * sizeof(float), to_string(backend),
                     plan.warmup_iters);
-      for (int i = 0; i < plan.warmup_iters; ++i) {
-        allreduce(backend, comm, data, count, plan.op, scratch, plan.ring);
-      }
+      for (int i = 0; i < plan.warmup_iters; ++i) target->allreduce(backend, count, plan.op);
+      target->complete();
     }
     for (int repeat = 0; repeat < plan.repeats; ++repeat) {
       for (size_t k = 0; k < rows.size(); ++k) {
         // Alternate the order so that neither backend always runs right after the other.
         Row& row = rows[repeat % 2 == 0 ? k : rows.size() - 1 - k];
-        fill_pattern(data, count, rank);  // sums grow N-fold per call; restart from small values
-        row.seconds.push_back(time_iterations(row.backend, comm, data, count, plan.op, scratch,
-                                              plan.ring, plan.iters));
+        target->fill(count, rank);  // sums grow N-fold per call; restart from small values
+        row.seconds.push_back(
+            time_iterations(row.backend, comm, *target, count, plan.op, plan.iters));
       }
     }
     if (report) {
@@ -552,9 +807,11 @@ int bench_main(int argc, char** argv) {
       return error.get_exit_code();
     }
     std::optional<Plan> plan;
+    DeviceSetup device;
     try {
       setup_logging(comm.rank(), options.log_level);
       plan = make_plan(options);
+      device = setup_device(comm, *plan);
     } catch (const std::exception& error) {  // UsageError, or the flag checks of the library
       if (comm.rank() == 0) {
         fmt::print(stderr, "allreduce_bench: {}\nRun with --help for more information.\n",
@@ -562,7 +819,7 @@ int bench_main(int argc, char** argv) {
       }
       return 2;
     }
-    return run(comm, *plan, options, command_line(argc, argv));
+    return run(comm, *plan, options, command_line(argc, argv), device);
   } catch (const std::exception& error) {
     spdlog::error("{}", error.what());
     std::fflush(stdout);

@@ -22,6 +22,7 @@
 #include "ringtrain/checkpoint.h"
 #include "ringtrain/data.h"
 #include "ringtrain/distributed.h"
+#include "ringtrain/gpu.h"
 #include "ringtrain/log.h"
 #include "ringtrain/model.h"
 #include "ringtrain/mpi_comm.h"
@@ -29,6 +30,13 @@
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
 #include "ringtrain/watchdog.h"
+
+#ifdef RINGTRAIN_HAVE_GPU
+#include "ringtrain/device_bucketer.h"
+#include "ringtrain/gpu_context.h"
+#include "ringtrain/nccl_comm.h"
+#include "ringtrain/staged_ring.h"
+#endif
 
 namespace {
 
@@ -48,6 +56,7 @@ struct Options {
   float ema_decay = 0.0f;
   uint64_t seed = 42;
   int threads = 1;
+  std::string device = "auto";
   int64_t log_every = 100;
   int64_t eval_every = 0;
   int64_t eval_batch = 1000;
@@ -138,6 +147,10 @@ void add_flags(CLI::App& app, Options& o) {
                  "(e.g. 0.99); 0 disables");
   app.add_option("--seed", o.seed, "Seed for initial weights and data order");
   app.add_option("--threads", o.threads, "CPU math threads")->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device,
+                 "Where to train: cuda (the GPU given by this rank's local rank), cpu, or auto "
+                 "(cuda when this build has the GPU path and a GPU is visible, else cpu)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   app.add_option("--log-every", o.log_every, "Steps between progress lines (0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-every", o.eval_every,
@@ -229,6 +242,13 @@ void add_flags(CLI::App& app, Options& o) {
 EvalResult evaluate_test(Comm& comm, Model& model, const Dataset& test, const Options& o,
                          const WeightEma* ema, Batch& scratch, Context& ctx) {
   if (ema == nullptr) return evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
+  if (model.device() != Device::kCpu) {  // explicit copies to and from the device
+    const std::vector<float> trained = model.params_to_host();
+    model.params_from_host(ema->shadow());
+    EvalResult result = evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
+    model.params_from_host(trained);
+    return result;
+  }
   Tensor& params = model.params();
   std::vector<float> trained(params.data(), params.data() + params.numel());
   std::copy(ema->shadow().begin(), ema->shadow().end(), params.data());
@@ -255,8 +275,8 @@ std::string join(const std::vector<T>& values) {
 
 // Everything that must be equal on every rank for the collectives to line up and the replicas
 // to stay identical. Per-node settings (--threads, --overlap's decision) may differ.
-std::vector<ConfigField> config_fields(const Options& o, const Model& model,
-                                       const MnistData& data) {
+std::vector<ConfigField> config_fields(const Options& o, const Model& model, const MnistData& data,
+                                       Device device) {
   const auto data_hash = [](const Dataset& d) {
     return fmt::format("{} x {}x{} images {:016x} labels {:016x}", d.count, d.rows, d.cols,
                        hash_bytes(d.images.data(), d.images.size()),
@@ -277,6 +297,9 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model,
       {"training data", data_hash(data.train)},
       {"test data", data_hash(data.test)},
       {"--allreduce", o.allreduce},
+      // The transport follows the device (MPI for host gradients, NCCL for device ones): all
+      // ranks must train on the same kind of device.
+      {"device", to_string(device)},
       {"buckets", fmt::format("first {} MB, then {} MB", o.first_bucket_mb, o.fusion_threshold_mb)},
       {"--check-replicas", std::to_string(o.check_replicas)},
       {"--eval-every/--eval-batch", fmt::format("{} / {}", o.eval_every, o.eval_batch)},
@@ -401,6 +424,21 @@ int run(Options o, MpiComm& comm) {
   if (ranks > 1) watchdog.emplace(comm, o.collective_timeout);
   set_cpu_threads(o.threads);
   Context ctx;
+  // --device: this rank's GPU is given by its local rank. The GpuContext (streams, cuBLAS and
+  // cuDNN handles) is declared before the model so that it outlives every device tensor.
+  const DeviceChoice device = choose_device(o.device, comm.local_rank(), comm.local_size());
+#ifdef RINGTRAIN_HAVE_GPU
+  std::optional<GpuContext> gpu;
+  if (device.device == Device::kCuda) {
+    gpu.emplace(device.gpu);
+    ctx = gpu->context();
+    spdlog::info("device: cuda ({}); {}", device.why, gpu->describe());
+  } else {
+    spdlog::info("device: cpu ({})", device.why);
+  }
+#else
+  spdlog::info("device: cpu ({})", device.why);
+#endif
   ctx.threads = o.threads;
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
@@ -426,10 +464,11 @@ int run(Options o, MpiComm& comm) {
                  .hidden = o.hidden,
                  .height = data.train.rows,
                  .width = data.train.cols,
-                 .classes = 10};
+                 .classes = 10,
+                 .device = ctx.device};
   std::unique_ptr<Model> model = make_model(spec);
   // The first collective: nothing that depends on the flags runs before the ranks agree on them.
-  check_config_consistency(comm, config_fields(o, *model, data));
+  check_config_consistency(comm, config_fields(o, *model, data, ctx.device));
   if (rank == 0 && ranks > 1)
     spdlog::info("configuration check: all {} ranks agree ({})", ranks, RINGTRAIN_CODE_VERSION);
 
@@ -484,8 +523,12 @@ int run(Options o, MpiComm& comm) {
         static_cast<int64_t>(o.warmup_epochs * static_cast<double>(steps_per_epoch));
   }
   validate(schedule);
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model->num_params());
-  const std::span<float> params(model->params().data(), static_cast<size_t>(model->num_params()));
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model->num_params(), ctx);
+  const bool on_gpu = ctx.device == Device::kCuda;
+  // Host code reads and writes the parameters through this span only on the CPU; a device
+  // model is copied explicitly (params_to_host / params_from_host).
+  const std::span<float> params(on_gpu ? nullptr : model->params().data(),
+                                on_gpu ? 0 : static_cast<size_t>(model->num_params()));
   std::optional<WeightEma> ema;
   int64_t start_step = 0;
   if (resumed) {
@@ -498,10 +541,15 @@ int run(Options o, MpiComm& comm) {
           describe_schedule(c.schedule), describe_schedule(schedule));
     // Every rank decoded the same verified bytes: the replicas start identical without a
     // broadcast.
-    std::copy(c.params.begin(), c.params.end(), params.begin());
-    const auto state = optimizer->state();
-    for (size_t b = 0; b < state.size(); ++b)
-      std::copy(c.optimizer_state[b].begin(), c.optimizer_state[b].end(), state[b].begin());
+    if (on_gpu) {
+      model->params_from_host(c.params);
+      state_from_host(*optimizer, c.optimizer_state);
+    } else {
+      std::copy(c.params.begin(), c.params.end(), params.begin());
+      const auto state = optimizer->state();
+      for (size_t b = 0; b < state.size(); ++b)
+        std::copy(c.optimizer_state[b].begin(), c.optimizer_state[b].end(), state[b].begin());
+    }
     optimizer->set_steps_taken(c.optimizer_steps);
     start_step = c.step;
   } else {
@@ -510,7 +558,13 @@ int run(Options o, MpiComm& comm) {
     broadcast_params(comm, *model);
   }
   if (o.ema_decay > 0.0f) {
-    ema.emplace(o.ema_decay, std::span<const float>(params));
+    // On a GPU the average is kept on the host from a copy of the weights after each step
+    // (one 4-bytes-per-parameter download per step; a device EMA is future work).
+    if (on_gpu) {
+      ema.emplace(o.ema_decay, std::span<const float>(model->params_to_host()));
+    } else {
+      ema.emplace(o.ema_decay, std::span<const float>(params));
+    }
     if (resumed && !resumed->ema_shadow.empty()) {
       ema->restore(resumed->ema_shadow, resumed->ema_updates);
     } else if (resumed && rank == 0) {
@@ -532,26 +586,93 @@ int run(Options o, MpiComm& comm) {
   // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const bool node_is_full = comm.local_size() * o.threads >= cores;
-  const bool overlap = o.no_overlap          ? false
-                       : o.overlap == "auto" ? !(node_is_full && comm.local_size() == comm.size())
-                                             : o.overlap == "on";
+  // On a GPU the averaging runs on the communication stream, not on a CPU thread: overlap
+  // costs backward nothing, so auto means on.
+  const bool overlap = o.no_overlap ? false
+                       : o.overlap == "auto"
+                           ? on_gpu || !(node_is_full && comm.local_size() == comm.size())
+                           : o.overlap == "on";
   const std::string overlap_reason =
-      o.no_overlap || o.overlap != "auto"
-          ? "set by flag"
-          : fmt::format("--overlap auto: {} rank(s) x {} thread(s) on a node of {} cores{}",
-                        comm.local_size(), o.threads, cores,
-                        comm.local_size() < comm.size() ? ", ranks on several nodes" : "");
+      o.no_overlap || o.overlap != "auto" ? "set by flag"
+      : on_gpu ? "--overlap auto: on a GPU the communication stream runs beside the compute stream"
+               : fmt::format("--overlap auto: {} rank(s) x {} thread(s) on a node of {} cores{}",
+                             comm.local_size(), o.threads, cores,
+                             comm.local_size() < comm.size() ? ", ranks on several nodes" : "");
   RingScratch ring_scratch;
   // One rank has nothing to average: no bucketer, no communication thread.
   std::optional<GradBucketer> bucketer;
-  if (ranks > 1 || o.test_comm_delay_ms > 0) {
+#ifdef RINGTRAIN_HAVE_GPU
+  // GPU ranks average device gradients over NCCL on the communication stream, ordered by
+  // events (device_bucketer.h); the MpiComm keeps the host-side collectives.
+  std::optional<NcclComm> nccl;
+  std::optional<DeviceRingScratch> device_ring_scratch;
+  std::optional<DeviceGradBucketer> device_bucketer;
+  std::optional<HostStaging> staging;
+  if (on_gpu && ranks > 1) {
+    // Collective: every rank makes the same choice. NCCL 2.28 refuses two ranks on one GPU,
+    // so ranks that share GPUs average through host memory with the CPU ring instead
+    // (staged_ring.h: it waits on the host once per bucket, so it overlaps less).
+    const bool shared = ranks_share_a_gpu(comm, visible_gpus());
+    if (!shared) {
+      nccl.emplace(comm, NcclOptions{.stream = static_cast<cudaStream_t>(ctx.comm_stream),
+                                     .device = ctx.gpu,
+                                     .timeout_s = o.collective_timeout + 30.0});
+    }
+    std::vector<Bucket> buckets =
+        assign_buckets(model->grad_ranges(), mb_to_elements(o.first_bucket_mb),
+                       mb_to_elements(o.fusion_threshold_mb));
+    int64_t largest = 0;
+    for (const Bucket& b : buckets) largest = std::max(largest, b.size());
+    DeviceGradBucketer::ReduceFn reduce;
+    if (shared) {
+      staging.emplace();
+      staging->reserve(static_cast<size_t>(largest));  // no growth in a step
+      const double timeout = o.collective_timeout + 30.0;
+      reduce = [&comm, &ring_scratch, &staging, timeout](float* bucket, int64_t count,
+                                                         void* stream) {
+        comm.board().set_phase("gradient allreduce");
+        staged_ring_allreduce(comm, bucket, static_cast<size_t>(count), ReduceOp::kAvg,
+                              ring_scratch, *staging, static_cast<cudaStream_t>(stream), {},
+                              StagedOptions{.timeout_s = timeout});
+      };
+    } else if (o.allreduce == "ring") {
+      device_ring_scratch.emplace();
+      device_ring_scratch->reserve(static_cast<size_t>(largest), ranks);  // no growth in a step
+      reduce = [&nccl, &device_ring_scratch](float* bucket, int64_t count, void*) {
+        ring_allreduce_device(*nccl, bucket, static_cast<size_t>(count), ReduceOp::kAvg,
+                              *device_ring_scratch);
+      };
+    } else {
+      reduce = [&nccl](float* bucket, int64_t count, void*) {
+        nccl->allreduce_library(bucket, static_cast<size_t>(count), ReduceOp::kAvg);
+      };
+    }
+    device_bucketer.emplace(ctx, model->grads().data(), std::move(buckets), std::move(reduce),
+                            overlap);
+  }
+  const int64_t device_bucket_count =
+      device_bucketer ? static_cast<int64_t>(device_bucketer->buckets().size()) : 0;
+  const std::string transport =
+      !device_bucketer ? std::string()
+      : nccl           ? std::string(" over NCCL on the communication stream")
+                       : std::string(
+                             " (the CPU ring through pinned host memory: ranks share a "
+                                       "GPU, which NCCL refuses)");
+#else
+  const int64_t device_bucket_count = 0;
+  const std::string transport;
+#endif
+  RINGTRAIN_CHECK(!on_gpu || o.test_comm_delay_ms == 0,
+                  "--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
+  if (!on_gpu && (ranks > 1 || o.test_comm_delay_ms > 0)) {
     bucketer.emplace(model->grads().data(),
                      assign_buckets(model->grad_ranges(), mb_to_elements(o.first_bucket_mb),
                                     mb_to_elements(o.fusion_threshold_mb)),
                      make_bucket_reduce(comm, o.allreduce, ring_scratch, o.test_comm_delay_ms),
                      overlap);
   }
-  const int64_t bucket_count = bucketer ? static_cast<int64_t>(bucketer->buckets().size()) : 0;
+  const int64_t bucket_count =
+      bucketer ? static_cast<int64_t>(bucketer->buckets().size()) : device_bucket_count;
   // The communication thread shares the cores with backward: it must not spin long while waiting.
   if (bucketer && overlap) comm.set_spin_before_sleep(std::chrono::microseconds(50));
   spdlog::info(
@@ -561,10 +682,10 @@ int run(Options o, MpiComm& comm) {
       start_step > 0 ? fmt::format(" from step {}", start_step) : std::string(), ranks,
       o.batch_size, global_batch, optimizer->name(), schedule.base_lr, schedule.kind, o.threads,
       o.seed);
-  if (bucketer) {
-    spdlog::info("gradients: {} bucket(s) averaged by {} {} ({}); watchdog {:g} s", bucket_count,
-                 o.allreduce, overlap ? "while backward runs" : "after backward", overlap_reason,
-                 o.collective_timeout);
+  if (bucketer || bucket_count > 0) {
+    spdlog::info("gradients: {} bucket(s) averaged by {}{} {} ({}); watchdog {:g} s", bucket_count,
+                 o.allreduce, transport, overlap ? "while backward runs" : "after backward",
+                 overlap_reason, o.collective_timeout);
   }
 
   std::optional<CheckpointDir> checkpoints;
@@ -585,11 +706,10 @@ int run(Options o, MpiComm& comm) {
                  .global_batch = global_batch,
                  .ranks = ranks,
                  .schedule = schedule,
-                 .params = {params.begin(), params.end()},
+                 .params = model->params_to_host(),  // explicit copies from either device
                  .optimizer = optimizer->name(),
                  .optimizer_steps = optimizer->steps_taken()};
-    for (const auto& buffer : optimizer->state())
-      c.optimizer_state.emplace_back(buffer.begin(), buffer.end());
+    c.optimizer_state = state_to_host(*optimizer);
     if (ema) {
       c.ema_decay = ema->decay();
       c.ema_updates = ema->updates();
@@ -608,8 +728,10 @@ int run(Options o, MpiComm& comm) {
   if (o.check_finite) {
     guard = [&](const StepStats& stats, std::span<const float> grads) {
       // Bit 0: this rank's loss; bit 1: the averaged gradients (the same on every rank).
+      // A device step counts the non-finite gradients on the GPU (grads is then empty).
+      const bool grads_finite = stats.grads_finite ? *stats.grads_finite : all_finite(grads);
       const uint8_t bad =
-          static_cast<uint8_t>((std::isfinite(stats.loss) ? 0 : 1) | (all_finite(grads) ? 0 : 2));
+          static_cast<uint8_t>((std::isfinite(stats.loss) ? 0 : 1) | (grads_finite ? 0 : 2));
       std::vector<uint8_t> flags;
       {
         const PhaseScope phase(comm.board(), "finite check");
@@ -677,12 +799,27 @@ int run(Options o, MpiComm& comm) {
         std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())
       batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(schedule, step);
+#ifdef RINGTRAIN_HAVE_GPU
+    const StepStats stats =
+        on_gpu ? train_step_device(*model, *optimizer, batch, lr, workspace, ctx,
+                                   device_bucketer ? &*device_bucketer : nullptr, guard)
+               : train_step(*model, *optimizer, batch, lr, workspace, ctx,
+                            bucketer ? &*bucketer : nullptr, guard);
+#else
     const StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
                                        bucketer ? &*bucketer : nullptr, guard);
-    if (ema && stats.updated) ema->update(params);
+#endif
+    if (ema && stats.updated) {
+      if (on_gpu) {
+        ema->update(model->params_to_host());
+      } else {
+        ema->update(params);
+      }
+    }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += step_seconds;
-    times.add(step_seconds * 1000.0, stats.comm);
+    // A device step's time comes from CUDA events on the compute stream.
+    times.add(stats.device_ms.value_or(step_seconds * 1000.0), stats.comm);
 
     if (!o.check_finite && !std::isfinite(stats.loss))
       throw Error(fmt::format("rank {}: the loss became {} at step {}: lower --lr (now {}), check "
@@ -697,7 +834,15 @@ int run(Options o, MpiComm& comm) {
       last_loss = stats.loss;
     }
     const int64_t done = step + 1;
-    if (done == 1 && rank == o.test_perturb_rank) params.back() += 1e-3f;
+    if (done == 1 && rank == o.test_perturb_rank) {
+      if (on_gpu) {
+        std::vector<float> host = model->params_to_host();
+        host.back() += 1e-3f;
+        model->params_from_host(host);
+      } else {
+        params.back() += 1e-3f;
+      }
+    }
     if (o.check_replicas > 0 && done % o.check_replicas == 0) check_replicas(comm, *model, done);
     if (show_progress) {
       progress.update(
@@ -796,13 +941,14 @@ int run(Options o, MpiComm& comm) {
                             {"allreduce", o.allreduce},
                             {"buckets", bucket_count},
                             {"threads", int64_t{o.threads}},
+                            {"device", std::string(to_string(ctx.device))},
                             {"ema", ema.has_value()},
                             {"params", model->num_params()},
                             {"peak_rss_mb", peak_rss_mb()},
                             {"data_dir", data_dir}});
   if (!o.save_params.empty() && rank == 0) {
-    save_params(o.save_params, params);
-    spdlog::info("saved {} parameters to {}", params.size(), o.save_params);
+    save_params(o.save_params, model->params_to_host());
+    spdlog::info("saved {} parameters to {}", model->num_params(), o.save_params);
   }
   return 0;
 }

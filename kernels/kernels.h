@@ -15,6 +15,15 @@ namespace ringtrain::gpu {
 void bias_add(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 // dbias[c] = sum over r of dy[r, c] (overwrites).               Twin: dense_backward's db.
 void bias_grad(const float* dy, float* dbias, int64_t rows, int64_t cols, cudaStream_t stream);
+// Both forms are deterministic (fixed summation order, no float atomics). The form above is
+// one pass with one block per 32 columns, so a tall dy (a conv's [B*H*W, Cout]) runs on a few
+// SMs; this form splits the rows into chunks of 1024 over many blocks, then sums the chunks'
+// partial sums, given a device workspace of bias_grad_workspace_floats(rows, cols) floats
+// (0 when rows <= 1024: then it is the one-pass form, same bits). The two forms add in
+// different orders, so their results may differ in the last bits; each is the same every run.
+int64_t bias_grad_workspace_floats(int64_t rows, int64_t cols);
+void bias_grad(const float* dy, float* dbias, int64_t rows, int64_t cols, float* workspace,
+               int64_t workspace_floats, cudaStream_t stream);
 
 // ---- ReLU over n values (NaN passes through) ----                Twin: relu_forward/backward.
 void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
@@ -23,9 +32,9 @@ void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaSt
 // ---- fused softmax cross-entropy over logits[rows, classes] ----   Twin: softmax_xent.
 // Device-side results of one call (zeroed by the launcher before the kernel runs).
 struct XentStats {
-  double loss_sum;               // sum over rows of -log softmax[label]
-  unsigned long long correct;    // rows whose arg-max (first maximum) equals the label
-  unsigned long long bad_labels; // rows whose label is outside [0, classes)
+  double loss_sum;                // sum over rows of -log softmax[label]
+  unsigned long long correct;     // rows whose arg-max (first maximum) equals the label
+  unsigned long long bad_labels;  // rows whose label is outside [0, classes)
 };
 // dlogits = (softmax - onehot) / rows when dlogits is not null.
 void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows,
@@ -47,15 +56,29 @@ struct AdamConstants {
 };
 void adam_update(float* w, const float* grad, float* m, float* v, int64_t n,
                  const AdamConstants& constants, cudaStream_t stream);
+// Host: Adam's constants for step t (counting from 1, as Adam::step's ++steps_), computed
+// expression for expression as optim.cpp does, so adam_update matches the CPU step.
+AdamConstants adam_constants(float lr, float beta1, float beta2, float epsilon, float weight_decay,
+                             int64_t step);
 // shadow = keep * shadow + take * w.                                Twin: WeightEma::update.
 void ema_update(float* shadow, const float* w, int64_t n, float keep, float take,
                 cudaStream_t stream);
+// Host: keep = decay_t = min(decay, (1 + t) / (10 + t)) and take = 1 - decay_t for an update
+// with t = `updates` updates already applied, exactly as WeightEma::update computes them.
+struct EmaFactors {
+  float keep;
+  float take;
+};
+EmaFactors ema_factors(float decay, int64_t updates);
 
 // ---- the ring's arithmetic and helpers ----
 // dst[i] += src[i].                                                 Twin: Comm::add_inplace.
 void add_inplace(float* dst, const float* src, int64_t n, cudaStream_t stream);
 // x[i] *= factor (the average after a sum).
 void scale(float* x, float factor, int64_t n, cudaStream_t stream);
+// x[i] /= divisor, an IEEE division per value: the same bits as ring.cpp's `data[i] /= divisor`
+// and Comm::divide_inplace (x * (1 / divisor) can differ from it by an ulp).
+void divide(float* x, float divisor, int64_t n, cudaStream_t stream);
 // *count += the number of NaN or Inf values in x[0, n) (--check-finite).
 void count_nonfinite(const float* x, int64_t n, unsigned long long* count, cudaStream_t stream);
 

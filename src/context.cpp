@@ -1,15 +1,47 @@
-// CPU thread settings for the math libraries.
+// CPU thread settings for the math libraries, and the --device decision.
 #include "ringtrain/context.h"
 
+#include <fmt/format.h>
 #include <Eigen/Core>
 
 #include "ringtrain/check.h"
+#include "ringtrain/gpu.h"
 
 namespace ringtrain {
+
+const char* to_string(Device device) {
+  return device == Device::kCuda ? "cuda" : "cpu";
+}
 
 void set_cpu_threads(int threads) {
   RINGTRAIN_CHECK(threads >= 1, "--threads must be at least 1, got {}", threads);
   Eigen::setNbThreads(threads);
+}
+
+DeviceChoice choose_device(const std::string& flag, int local_rank, int local_size) {
+  RINGTRAIN_CHECK(flag == "cpu" || flag == "cuda" || flag == "auto",
+                  "--device must be one of cpu, cuda, auto; got '{}'", flag);
+  DeviceChoice choice;
+  if (flag == "cpu") {
+    choice.why = "--device cpu";
+    return choice;
+  }
+  std::string reason;
+  const int gpus = visible_gpus(&reason);
+  if (gpus == 0) {
+    RINGTRAIN_CHECK(flag != "cuda", "--device cuda: no usable GPU: {}; use --device cpu or auto",
+                    reason);
+    choice.why = fmt::format("--device auto: cpu, because {}", reason);
+    return choice;
+  }
+  RINGTRAIN_CHECK(local_rank >= 0, "local rank {} is negative", local_rank);
+  choice.device = Device::kCuda;
+  choice.gpu = local_rank % gpus;
+  choice.why =
+      fmt::format("--device {}: GPU {} of {} visible, chosen by local rank {} of {}{}", flag,
+                  choice.gpu, gpus, local_rank, local_size,
+                  local_size > gpus ? " (more ranks than GPUs on this node: they share)" : "");
+  return choice;
 }
 
 }  // namespace ringtrain

@@ -24,6 +24,13 @@ std::span<const int64_t> rank_batch(std::span<const int64_t> epoch_order, int64_
 
 void broadcast_params(Comm& comm, Model& model, int root) {
   const PhaseScope phase(comm.board(), "parameter broadcast");
+  if (model.device() != Device::kCpu) {
+    // `comm` is a host transport here (the MpiComm): stage through host memory, explicitly.
+    std::vector<float> host = model.params_to_host();
+    comm.broadcast(host.data(), host.size() * sizeof(float), root);
+    model.params_from_host(host);
+    return;
+  }
   comm.broadcast(model.params().data(), static_cast<size_t>(model.num_params()) * sizeof(float),
                  root);
 }
@@ -47,9 +54,13 @@ EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64
 void check_replicas(Comm& comm, const Model& model, int64_t step) {
   const auto& views = model.param_views();
   std::vector<uint64_t> mine(views.size());
+  // A device model's parameters are hashed from an explicit host copy.
+  const std::vector<float> staged =
+      model.device() == Device::kCpu ? std::vector<float>() : model.params_to_host();
+  const float* params = model.device() == Device::kCpu ? model.params().data() : staged.data();
   for (size_t v = 0; v < views.size(); ++v) {
-    mine[v] = hash_bytes(model.params().data() + views[v].offset,
-                         static_cast<size_t>(views[v].size) * sizeof(float));
+    mine[v] =
+        hash_bytes(params + views[v].offset, static_cast<size_t>(views[v].size) * sizeof(float));
   }
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(comm.size()));
   {

@@ -11,6 +11,12 @@
 
 namespace ringtrain {
 
+bool runs_on_gpu(const Layer& layer, const Tensor& x, const Context& ctx) {
+  RINGTRAIN_CHECK(x.device() == ctx.device, "{} got a {} tensor in a {} context", layer.name(),
+                  to_string(x.device()), to_string(ctx.device));
+  return ctx.device == Device::kCuda;
+}
+
 std::vector<int64_t> Layer::grad_pieces() const {
   int64_t total = 0;
   for (const ParamSpec& spec : param_specs()) total += spec.shape.numel();
@@ -26,8 +32,9 @@ void Model::add(std::unique_ptr<Layer> layer) {
   layers_.push_back(std::move(layer));
 }
 
-void Model::finalize() {
+void Model::finalize(Device device) {
   RINGTRAIN_CHECK(!finalized_ && !layers_.empty(), "finalize() on an empty or finished model");
+  device_ = device;
   const int count = num_layers();
   // Offsets from the last layer to the first: backward fills the gradient buffer front to back.
   layer_ranges_.assign(static_cast<size_t>(count), {0, 0});
@@ -45,8 +52,8 @@ void Model::finalize() {
     }
     layer_ranges_[static_cast<size_t>(i)].second = total;
   }
-  params_ = Tensor(Shape{total});
-  grads_ = Tensor(Shape{total});
+  params_ = Tensor(Shape{total}, device);
+  grads_ = Tensor(Shape{total}, device);
   param_tensors_.resize(static_cast<size_t>(count));
   grad_tensors_.resize(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) {
@@ -55,8 +62,8 @@ void Model::finalize() {
     auto& grads = grad_tensors_[static_cast<size_t>(i)];
     for (size_t k = 0; k < specs.size(); ++k) {
       const int64_t offset = offsets[static_cast<size_t>(i)][k];
-      params.push_back(Tensor::view(params_.data() + offset, specs[k].shape));
-      grads.push_back(Tensor::view(grads_.data() + offset, specs[k].shape));
+      params.push_back(Tensor::view(params_.data() + offset, specs[k].shape, device));
+      grads.push_back(Tensor::view(grads_.data() + offset, specs[k].shape, device));
     }
     layers_[static_cast<size_t>(i)]->bind(params, grads);
   }
@@ -66,8 +73,9 @@ void Model::finalize() {
     const auto [begin, end] = layer_ranges_[static_cast<size_t>(i)];
     if (end > begin) first_with_params_ = i;
   }
-  acts_.resize(static_cast<size_t>(count + 1));
-  dacts_.resize(static_cast<size_t>(count + 1));
+  // Empty tensors on the model's device: each layer's resize() allocates there.
+  acts_.assign(static_cast<size_t>(count + 1), Tensor(device));
+  dacts_.assign(static_cast<size_t>(count + 1), Tensor(device));
   finalized_ = true;
 }
 
@@ -84,24 +92,29 @@ uint64_t splitmix64(uint64_t& state) {
 
 void Model::init_params(uint64_t seed) {
   RINGTRAIN_CHECK(finalized_, "init_params() before finalize()");
+  // A host model draws straight into its buffer; a device model into a host copy, uploaded once.
+  std::vector<float> staging(device_ == Device::kCpu ? 0 : static_cast<size_t>(num_params()));
+  float* host = device_ == Device::kCpu ? params_.data() : staging.data();
   for (int i = 0; i < num_layers(); ++i) {
     const auto& specs = specs_[static_cast<size_t>(i)];
     for (size_t k = 0; k < specs.size(); ++k) {
-      Tensor& p = param_tensors_[static_cast<size_t>(i)][k];
+      const Tensor& view = param_tensors_[static_cast<size_t>(i)][k];
+      float* p = host + (view.data() - params_.data());  // the same offset in the host buffer
       const ParamSpec& spec = specs[k];
       if (spec.init == Init::kZeros) {
-        p.fill(0.0f);
+        std::fill(p, p + view.numel(), 0.0f);
         continue;
       }
       // One stream per parameter tensor, keyed by its place in the model, not in the buffer.
       uint64_t state = seed ^ (0xD1B54A32D192ED03ULL * (static_cast<uint64_t>(i) * 16 + k + 1));
       const double limit = std::sqrt(6.0 / static_cast<double>(spec.fan_in + spec.fan_out));
-      for (int64_t j = 0; j < p.numel(); ++j) {
+      for (int64_t j = 0; j < view.numel(); ++j) {
         const double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0,1)
         p[j] = static_cast<float>((2.0 * unit - 1.0) * limit);
       }
     }
   }
+  if (device_ != Device::kCpu) params_.copy_from_host(staging);
 }
 
 const Tensor& Model::forward(const Tensor& x, Context& ctx) {
@@ -109,6 +122,9 @@ const Tensor& Model::forward(const Tensor& x, Context& ctx) {
   RINGTRAIN_CHECK(x.rank() >= 2 && x.shape().without_leading().numel() == input_.numel(),
                   "the model takes samples of shape {}, got a batch of shape {}", input_.str(),
                   x.shape().str());
+  RINGTRAIN_CHECK(x.device() == device_ && ctx.device == device_,
+                  "the model lives on the {}, got a {} batch in a {} context: upload it first",
+                  to_string(device_), to_string(x.device()), to_string(ctx.device));
   acts_[0] = x.reshaped(input_.with_leading(x.dim(0)));
   for (int i = 0; i < num_layers(); ++i) {
     layers_[static_cast<size_t>(i)]->forward(acts_[static_cast<size_t>(i)],
@@ -217,7 +233,7 @@ std::unique_ptr<Model> make_model(const ModelSpec& spec) {
   } else {
     RINGTRAIN_FAIL("--model '{}' is unknown: use mlp or cnn", spec.name);
   }
-  model->finalize();
+  model->finalize(spec.device);
   return model;
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "ringtrain/check.h"
+#include "ringtrain/tensor.h"
 
 namespace ringtrain {
 
@@ -179,7 +180,8 @@ bool in_unit_interval(float x) {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t num_params) {
+namespace {
+void validate_config(const OptimizerConfig& config, int64_t num_params) {
   RINGTRAIN_CHECK(config.kind == "sgd" || config.kind == "adam",
                   "--optimizer must be one of sgd, adam; got '{}'", config.kind);
   RINGTRAIN_CHECK(num_params >= 0, "an optimizer needs num_params >= 0, got {}", num_params);
@@ -200,8 +202,43 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t
     RINGTRAIN_CHECK(config.momentum > 0.0f, "--nesterov needs --momentum > 0, got {}",
                     config.momentum);
   }
+}
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t num_params) {
+  validate_config(config, num_params);
   if (config.kind == "sgd") return std::make_unique<Sgd>(config, num_params);
   return std::make_unique<Adam>(config, num_params);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t num_params,
+                                          const Context& ctx) {
+  if (ctx.device == Device::kCpu) return make_optimizer(config, num_params);
+  validate_config(config, num_params);
+  return detail::make_device_optimizer(config, num_params, ctx.stream);
+}
+
+std::vector<std::vector<float>> state_to_host(Optimizer& optimizer) {
+  std::vector<std::vector<float>> buffers;
+  for (const std::span<float> buffer : optimizer.state()) {
+    buffers.emplace_back(buffer.size());
+    copy_floats(buffers.back().data(), Device::kCpu, buffer.data(), optimizer.device(),
+                static_cast<int64_t>(buffer.size()));
+  }
+  return buffers;
+}
+
+void state_from_host(Optimizer& optimizer, const std::vector<std::vector<float>>& buffers) {
+  const auto state = optimizer.state();
+  RINGTRAIN_CHECK(state.size() == buffers.size(), "{} state: {} buffers given, {} needed",
+                  optimizer.name(), buffers.size(), state.size());
+  for (size_t b = 0; b < state.size(); ++b) {
+    RINGTRAIN_CHECK(state[b].size() == buffers[b].size(),
+                    "{} state buffer {}: {} values given, {} needed", optimizer.name(), b,
+                    buffers[b].size(), state[b].size());
+    copy_floats(state[b].data(), optimizer.device(), buffers[b].data(), Device::kCpu,
+                static_cast<int64_t>(buffers[b].size()));
+  }
 }
 
 }  // namespace ringtrain

@@ -1,11 +1,16 @@
-// Tensor storage: aligned owning buffers and views.
+// Tensor storage: aligned host buffers, cudaMalloc'd device buffers, views, explicit copies.
 #include "ringtrain/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "ringtrain/check.h"
+
+#ifdef RINGTRAIN_HAVE_GPU
+#include "ringtrain/cuda_check.h"
+#endif
 
 namespace ringtrain {
 
@@ -67,10 +72,40 @@ std::shared_ptr<float> allocate_aligned(int64_t count) {
   std::memset(p, 0, bytes);
   return std::shared_ptr<float>(p, [](float* q) { std::free(q); });
 }
+
+[[noreturn]] void no_gpu_path(const char* what) {
+  RINGTRAIN_FAIL(
+      "{} needs the GPU path, which this build lacks (configured without CUDA, cuDNN "
+      "or NCCL): use --device cpu",
+      what);
+}
+
+// Zero-filled device memory on the current device (cudaSetDevice: GpuContext). cudaMalloc
+// returns 256-byte aligned pointers. cudaMemset runs on the legacy default stream, which does
+// not order with our non-blocking streams, so the device is synchronised after it: a kernel
+// queued next on the compute stream must not race the zeroing. Allocations happen before the
+// first step finishes, never inside a steady-state step.
+std::shared_ptr<float> allocate_device(int64_t count) {
+#ifdef RINGTRAIN_HAVE_GPU
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
+  void* p = nullptr;
+  const cudaError_t status = cudaMalloc(&p, bytes);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    RINGTRAIN_FAIL("out of GPU memory allocating {} bytes: {}", bytes, cudaGetErrorString(status));
+  }
+  RINGTRAIN_CHECK_CUDA(cudaMemset(p, 0, bytes));
+  RINGTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
+  // cudaFree in a deleter must not throw; a failure here means the context is already gone.
+  return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { (void)cudaFree(q); });
+#else
+  (void)count;
+  no_gpu_path("a CUDA tensor");
+#endif
+}
 }  // namespace
 
 Tensor::Tensor(const Shape& shape, Device device) : device_(device) {
-  RINGTRAIN_CHECK(device == Device::kCpu, "CUDA tensors arrive with the CUDA issue");
   resize(shape);
 }
 
@@ -91,7 +126,11 @@ void Tensor::resize(const Shape& shape) {
     return;
   }
   if (shape.numel() > capacity_) {
-    storage_ = allocate_aligned(shape.numel());
+    storage_.reset();  // free first: the peak is the new size, not old + new
+    data_ = nullptr;
+    capacity_ = 0;
+    storage_ =
+        device_ == Device::kCuda ? allocate_device(shape.numel()) : allocate_aligned(shape.numel());
     data_ = storage_.get();
     capacity_ = shape.numel();
   }
@@ -106,7 +145,80 @@ Tensor Tensor::reshaped(const Shape& shape) const {
 }
 
 void Tensor::fill(float value) {
-  std::fill(data_, data_ + numel(), value);
+  if (device_ == Device::kCpu) {
+    std::fill(data_, data_ + numel(), value);
+    return;
+  }
+#ifdef RINGTRAIN_HAVE_GPU
+  if (value == 0.0f && !std::signbit(value)) {
+    RINGTRAIN_CHECK_CUDA(cudaDeviceSynchronize());  // as copy_floats: ordered with all streams
+    RINGTRAIN_CHECK_CUDA(cudaMemset(data_, 0, static_cast<size_t>(numel()) * sizeof(float)));
+    RINGTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
+    return;
+  }
+#endif
+  const std::vector<float> host(static_cast<size_t>(numel()), value);
+  copy_from_host(host);
+}
+
+void Tensor::copy_from_host(std::span<const float> host) {
+  RINGTRAIN_CHECK(static_cast<int64_t>(host.size()) == numel(),
+                  "copy_from_host: {} values for a tensor of {} ({})", host.size(), numel(),
+                  shape_.str());
+  copy_floats(data_, device_, host.data(), Device::kCpu, numel());
+}
+
+void Tensor::copy_to_host(std::span<float> host) const {
+  RINGTRAIN_CHECK(static_cast<int64_t>(host.size()) == numel(),
+                  "copy_to_host: room for {} values, the tensor holds {} ({})", host.size(),
+                  numel(), shape_.str());
+  copy_floats(host.data(), Device::kCpu, data_, device_, numel());
+}
+
+std::vector<float> Tensor::to_host() const {
+  std::vector<float> host(static_cast<size_t>(numel()));
+  copy_to_host(host);
+  return host;
+}
+
+void copy_floats(float* dst, Device dst_device, const float* src, Device src_device, int64_t n) {
+  RINGTRAIN_CHECK(n >= 0, "copy of {} floats", n);
+  if (n == 0) return;
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef RINGTRAIN_HAVE_GPU
+  // cudaMemcpy runs on the legacy default stream, which does not order with the non-blocking
+  // compute and communication streams; and from pageable memory it may return before its DMA
+  // has landed. So: every queued kernel first (a read sees final values, a write cannot race
+  // a kernel still using the buffer), and the copy complete before anything is queued after.
+  // These copies are for set-up, checkpoints and checks, never the step's hot path.
+  RINGTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
+  RINGTRAIN_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  RINGTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
+#else
+  no_gpu_path("a copy to or from the GPU");
+#endif
+}
+
+void copy_floats_async(float* dst, Device dst_device, const float* src, Device src_device,
+                       int64_t n, void* stream) {
+  RINGTRAIN_CHECK(n >= 0, "copy of {} floats", n);
+  if (n == 0) return;
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef RINGTRAIN_HAVE_GPU
+  RINGTRAIN_CHECK_CUDA(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+#else
+  (void)stream;
+  no_gpu_path("a copy to or from the GPU");
+#endif
 }
 
 }  // namespace ringtrain

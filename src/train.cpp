@@ -20,6 +20,11 @@ static_assert(std::endian::native == std::endian::little,
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
                      StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer,
                      const BeforeUpdateFn& before_update) {
+  if (ctx.device == Device::kCuda) {
+    RINGTRAIN_CHECK(bucketer == nullptr,
+                    "a device step averages with a DeviceGradBucketer, not a GradBucketer");
+    return train_step_device(model, optimizer, batch, lr, workspace, ctx, nullptr, before_update);
+  }
   const Tensor& logits = model.forward(batch.images, ctx);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
@@ -58,6 +63,13 @@ EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t en
     indices.resize(static_cast<size_t>(stop - start));
     std::iota(indices.begin(), indices.end(), start);
     make_batch(data, indices, scratch.images, scratch.labels);
+    if (ctx.device == Device::kCuda) {
+      const EvalResult part = evaluate_batch_device(model, scratch, ctx);
+      result.correct += part.correct;
+      result.samples += part.samples;
+      result.loss_sum += part.loss_sum;
+      continue;
+    }
     const Tensor& logits = model.forward(scratch.images, ctx);
     int64_t correct = 0;
     const double loss = softmax_xent<float>(logits.data(), scratch.labels.data(), nullptr,

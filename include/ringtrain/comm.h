@@ -1,7 +1,7 @@
 // The wire under the collectives: a small point-to-point interface for ring neighbours plus the
 // library's own collectives (kept as baselines and for small, rare messages). The ring
 // algorithm (ring.h) is written once against this interface; MPI implements it for host
-// memory today, NCCL will for device memory, and the tests implement it over threads.
+// memory, NcclComm (nccl_comm.h) for device memory, and the tests implement it over threads.
 //
 // Every call is collective over the communicator or paired with a matching call on the peer;
 // a failure throws ringtrain::Error naming the call, the peer and the library's message.
@@ -102,6 +102,12 @@ class Comm {
 
   // dst[i] += src[i]; where the data lives decides how (a host loop here, a kernel on GPUs).
   virtual void add_inplace(float* dst, const float* src, size_t n);
+  // data[i] /= divisor: the one division of an average (by the rank that owns a finished
+  // chunk). A host loop here, exactly what ring.cpp does; a device transport overrides it with
+  // a kernel on its stream. Used by the device ring (nccl_comm.h); ring.cpp divides itself.
+  virtual void divide_inplace(float* data, size_t n, float divisor) {
+    for (size_t i = 0; i < n; ++i) data[i] /= divisor;
+  }
   // The library's own allreduce (MPI_Allreduce / ncclAllReduce): the baseline.
   virtual void allreduce_library(float* data, size_t n, ReduceOp op) = 0;
   // Broadcast of raw bytes from `root` to every rank.

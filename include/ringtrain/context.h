@@ -1,21 +1,39 @@
-// Context: where math runs. Today that is the CPU with N Eigen threads; the CUDA issue fills
-// in the stream and library handles, so every layer already takes a Context and never
-// reaches for a global.
+// Context: where math runs. On the CPU that is N Eigen threads; on a GPU it is one device's
+// compute stream with its cuBLAS and cuDNN handles (owned by a GpuContext, gpu_context.h), plus
+// the communication stream on which gradient buckets are averaged. Every layer takes a Context
+// and never reaches for a global; layers dispatch on ctx.device.
 #pragma once
+
+#include <string>
 
 namespace ringtrain {
 
 enum class Device { kCpu, kCuda };
+const char* to_string(Device device);  // "cpu", "cuda"
 
 struct Context {
   Device device = Device::kCpu;
-  int threads = 1;         // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
-  void* stream = nullptr;  // cudaStream_t of the compute stream when device == kCuda
-  void* blas = nullptr;    // cublasHandle_t when device == kCuda
-  void* dnn = nullptr;     // cudnnHandle_t when device == kCuda
+  int threads = 1;              // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
+  int gpu = -1;                 // the CUDA device ordinal when device == kCuda
+  void* stream = nullptr;       // cudaStream_t of the compute stream when device == kCuda
+  void* comm_stream = nullptr;  // cudaStream_t of the communication stream when device == kCuda
+  void* blas = nullptr;         // cublasHandle_t (bound to `stream`) when device == kCuda
+  void* dnn = nullptr;          // cudnnHandle_t (bound to `stream`) when device == kCuda
 };
 
 // Applies ctx.threads to the CPU math libraries (Eigen's GEMM).
 void set_cpu_threads(int threads);
+
+// What --device resolves to for one rank.
+struct DeviceChoice {
+  Device device = Device::kCpu;
+  int gpu = -1;     // CUDA ordinal (local_rank modulo the visible GPUs) when device == kCuda
+  std::string why;  // one line for the log: what was asked, what was found, what was chosen
+};
+// flag: "cpu", "cuda" or "auto" (cuda when this build has the GPU path and a GPU is visible,
+// else cpu). A rank uses the GPU given by its local rank; more local ranks than GPUs share
+// them round-robin (said in `why`). "cuda" without a usable GPU throws, naming the flag and
+// the reason. Works in every build (the CPU-only build answers cpu, or refuses cuda).
+DeviceChoice choose_device(const std::string& flag, int local_rank, int local_size);
 
 }  // namespace ringtrain

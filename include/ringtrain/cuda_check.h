@@ -15,24 +15,24 @@ namespace ringtrain::detail {
 const char* cublas_status_name(cublasStatus_t status);
 }  // namespace ringtrain::detail
 
-#define RINGTRAIN_CHECK_CUDA(call)                                                           \
-  do {                                                                                       \
-    const cudaError_t ringtrain_cuda_status_ = (call);                                       \
-    if (ringtrain_cuda_status_ != cudaSuccess) [[unlikely]]                                  \
-      ::ringtrain::detail::throw_error(                                                      \
-          __FILE__, __LINE__,                                                                \
+#define RINGTRAIN_CHECK_CUDA(call)                                                            \
+  do {                                                                                        \
+    const cudaError_t ringtrain_cuda_status_ = (call);                                        \
+    if (ringtrain_cuda_status_ != cudaSuccess) [[unlikely]]                                   \
+      ::ringtrain::detail::throw_error(                                                       \
+          __FILE__, __LINE__,                                                                 \
           ::fmt::format("{} failed: {}", #call, cudaGetErrorString(ringtrain_cuda_status_))); \
   } while (0)
 
 #define RINGTRAIN_CHECK_LAUNCH() RINGTRAIN_CHECK_CUDA(cudaGetLastError())
 
-#define RINGTRAIN_CHECK_CUBLAS(call)                                                     \
-  do {                                                                                   \
-    const cublasStatus_t ringtrain_cublas_status_ = (call);                              \
-    if (ringtrain_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                  \
-      ::ringtrain::detail::throw_error(                                                  \
-          __FILE__, __LINE__,                                                            \
-          ::fmt::format("{} failed: {}", #call,                                          \
+#define RINGTRAIN_CHECK_CUBLAS(call)                                                         \
+  do {                                                                                       \
+    const cublasStatus_t ringtrain_cublas_status_ = (call);                                  \
+    if (ringtrain_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                      \
+      ::ringtrain::detail::throw_error(                                                      \
+          __FILE__, __LINE__,                                                                \
+          ::fmt::format("{} failed: {}", #call,                                              \
                         ::ringtrain::detail::cublas_status_name(ringtrain_cublas_status_))); \
   } while (0)
 
@@ -45,12 +45,12 @@ const char* cublas_status_name(cublasStatus_t status);
           ::fmt::format("{} failed: {}", #call, cudnnGetErrorString(ringtrain_cudnn_status_))); \
   } while (0)
 
-#define RINGTRAIN_CHECK_NCCL(call)                                                             \
-  do {                                                                                         \
-    const ncclResult_t ringtrain_nccl_status_ = (call);                                        \
-    if (ringtrain_nccl_status_ != ncclSuccess) [[unlikely]]                                    \
-      ::ringtrain::detail::throw_error(                                                        \
-          __FILE__, __LINE__,                                                                  \
+#define RINGTRAIN_CHECK_NCCL(call)                                                               \
+  do {                                                                                           \
+    const ncclResult_t ringtrain_nccl_status_ = (call);                                          \
+    if (ringtrain_nccl_status_ != ncclSuccess) [[unlikely]]                                      \
+      ::ringtrain::detail::throw_error(                                                          \
+          __FILE__, __LINE__,                                                                    \
           ::fmt::format("{} failed: {} ({})", #call, ncclGetErrorString(ringtrain_nccl_status_), \
-                        ncclGetLastError(nullptr)));                                           \
+                        ncclGetLastError(nullptr)));                                             \
   } while (0)

@@ -1,6 +1,8 @@
 // The Layer interface. A layer is a thin class over the math in ops.h: it declares the
 // parameters it needs, receives views of them (and of their gradients) in the model's two flat
 // buffers, and keeps whatever scratch its math needs between forward and backward.
+// A layer runs where ctx.device says: the CPU math of ops.h, or its GPU twin in gpu_ops.h on
+// ctx.stream (then every tensor it sees, and the views it was bound to, are device memory).
 #pragma once
 
 #include <cstdint>
@@ -64,5 +66,9 @@ class Layer {
   virtual void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
                               Context& ctx) = 0;
 };
+
+// Whether `layer` runs this call on the GPU (ctx.device == kCuda), after checking that its
+// input lives on ctx.device: a host tensor handed to GPU math (or the reverse) would fault.
+bool runs_on_gpu(const Layer& layer, const Tensor& x, const Context& ctx);
 
 }  // namespace ringtrain

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,11 @@ class Model {
 
   void add(std::unique_ptr<Layer> layer);
   // Lays out the flat buffers and binds every layer's views; call once, after the last add().
-  void finalize();
-  // Glorot-uniform weights and zero biases from `seed` (the same bits on every machine).
+  // device kCuda: the buffers, the activations and every layer's views are device memory
+  // (cudaMalloc on the current device), and forward/backward need a CUDA Context.
+  void finalize(Device device = Device::kCpu);
+  // Glorot-uniform weights and zero biases from `seed` (the same bits on every machine, on
+  // either device: a device model draws on the host and uploads once).
   void init_params(uint64_t seed);
 
   // x: [B, ...input]. Returns the logits [B, classes]; valid until the next forward.
@@ -59,9 +63,16 @@ class Model {
   // per layer with parameters, or several for a large layer (Layer::grad_pieces).
   std::vector<GradRange> grad_ranges() const;
 
+  // On a device model these are device tensors: copy explicitly (below) to read them.
   Tensor& params() { return params_; }
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }
+  const Tensor& grads() const { return grads_; }
+  Device device() const { return device_; }
+  // Explicit, synchronous copies of the flat parameter buffer to and from host memory (plain
+  // copies for a host model): checkpoints, broadcasts, replica checks, parameter files.
+  std::vector<float> params_to_host() const { return params_.to_host(); }
+  void params_from_host(std::span<const float> host) { params_.copy_from_host(host); }
   const std::vector<ParamView>& param_views() const { return views_; }
   int64_t num_params() const { return params_.numel(); }
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -88,6 +99,7 @@ class Model {
   std::vector<Tensor> dacts_;  // dacts_[i] is d loss / d acts_[i]
   int first_with_params_ = 0;  // backward stops here: no layer before it needs a gradient
   bool finalized_ = false;
+  Device device_ = Device::kCpu;
 };
 
 // The models of the source documents, by name: "mlp" (784-hidden...-10, ReLU) and "cnn"
@@ -99,6 +111,7 @@ struct ModelSpec {
   int64_t height = 28;
   int64_t width = 28;
   int64_t classes = 10;
+  Device device = Device::kCpu;  // where the parameters, gradients and activations live
 };
 std::unique_ptr<Model> make_model(const ModelSpec& spec);
 

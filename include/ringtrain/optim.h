@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/context.h"
+
 namespace ringtrain {
 
 struct OptimizerConfig {
@@ -26,9 +28,14 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
   // One update of params from grads (same length as at construction) with learning rate lr.
+  // A device optimizer takes device pointers and queues the update on its stream (the compute
+  // stream), returning at once.
   virtual void step(std::span<float> params, std::span<const float> grads, float lr) = 0;
-  // The state buffers (momentum; Adam's m and v) for checkpoints, in a fixed order.
+  // The state buffers (momentum; Adam's m and v) for checkpoints, in a fixed order; device
+  // memory for a device optimizer: use state_to_host / state_from_host below to read or write.
   virtual std::vector<std::span<float>> state() = 0;
+  // Where params, grads and state() live.
+  virtual Device device() const { return Device::kCpu; }
   virtual int64_t steps_taken() const = 0;
   // Restores the step count (Adam's bias correction) from a checkpoint; the state buffers are
   // restored by copying into state().
@@ -38,6 +45,21 @@ class Optimizer {
 // Throws ringtrain::Error for an unknown kind or an invalid setting (negative momentum,
 // beta outside [0,1), ...), naming the flag.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t num_params);
+// The same, on ctx.device: for kCuda the state is device memory and step() runs the update
+// kernels (gpu::sgd_update / gpu::adam_update, the CPU loops' arithmetic) on ctx.stream. The
+// same state() layout as on the CPU, so checkpoints do not depend on the device.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t num_params,
+                                          const Context& ctx);
+// Explicit, synchronous copies of the state buffers (checkpoints), on either device.
+std::vector<std::vector<float>> state_to_host(Optimizer& optimizer);
+// Throws unless the buffers match state() in count and sizes.
+void state_from_host(Optimizer& optimizer, const std::vector<std::vector<float>>& buffers);
+
+namespace detail {
+// The device optimizers (src/cuda/optim_gpu.cpp; the CPU-only build throws). config is valid.
+std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig& config, int64_t num_params,
+                                                 void* stream);
+}  // namespace detail
 
 struct LrSchedule {
   std::string kind = "constant";  // "constant", "exponential", "linear-warmup"

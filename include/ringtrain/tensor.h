@@ -1,15 +1,22 @@
 // Tensor: a float32 array with a shape (up to 4 dims, row-major) and a device. It either owns
-// its storage (64-byte aligned, so Eigen and AVX-512 loads are aligned) or is a view into
-// storage owned elsewhere, such as a layer's slice of the model's flat parameter buffer.
-// resize() reuses the existing allocation whenever it is large enough, which is what lets
-// the training step run without allocating after its first call.
+// its storage (64-byte aligned host memory, so Eigen and AVX-512 loads are aligned; or
+// cudaMalloc'd device memory for Device::kCuda) or is a view into storage owned elsewhere, such
+// as a layer's slice of the model's flat parameter buffer. resize() reuses the existing
+// allocation whenever it is large enough, which is what lets the training step run without
+// allocating after its first call.
+//
+// Device memory is never touched from the host: data() of a CUDA tensor is a device pointer
+// (operator[] on it would fault). Host <-> device transfers happen only where a caller asks
+// for them: copy_from_host / copy_to_host / to_host, or copy_floats.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "ringtrain/context.h"
 
@@ -40,7 +47,9 @@ class Shape {
 class Tensor {
  public:
   Tensor() = default;
-  // An owning, zero-filled tensor.
+  // An empty owning tensor on `device`: resize() allocates there.
+  explicit Tensor(Device device) : device_(device) {}
+  // An owning, zero-filled tensor (host or device memory).
   explicit Tensor(const Shape& shape, Device device = Device::kCpu);
   // A view: storage is owned by someone else and must outlive the view.
   static Tensor view(float* data, const Shape& shape, Device device = Device::kCpu);
@@ -50,7 +59,14 @@ class Tensor {
   void resize(const Shape& shape);
   // A view of the same storage with another shape of the same element count.
   Tensor reshaped(const Shape& shape) const;
+  // Host tensors: a loop. Device tensors: a device-synchronising cudaMemset / upload (not for
+  // the training step's hot path).
   void fill(float value);
+  // Explicit, synchronous copies of the whole tensor (numel() values) from / to host memory;
+  // a plain copy for host tensors.
+  void copy_from_host(std::span<const float> host);
+  void copy_to_host(std::span<float> host) const;
+  std::vector<float> to_host() const;
 
   float* data() { return data_; }
   const float* data() const { return data_; }
@@ -70,5 +86,14 @@ class Tensor {
   int64_t capacity_ = 0;            // elements allocated in storage_
   Device device_ = Device::kCpu;
 };
+
+// Copies n floats between any two places (host or device), synchronously: memcpy host to host;
+// otherwise the device is synchronised (all streams), copied, and synchronised again, so the
+// copy sees every queued kernel's result and is complete before anything queued after it.
+void copy_floats(float* dst, Device dst_device, const float* src, Device src_device, int64_t n);
+// The same, queued on a CUDA stream (cudaStream_t) without waiting; host to host is a memcpy.
+// Pageable host memory makes the call wait until the host buffer has been staged.
+void copy_floats_async(float* dst, Device dst_device, const float* src, Device src_device,
+                       int64_t n, void* stream);
 
 }  // namespace ringtrain

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -17,6 +19,8 @@
 #include "ringtrain/optim.h"
 
 namespace ringtrain {
+
+class DeviceGradBucketer;  // device_bucketer.h (GPU build)
 
 struct Batch {
   Tensor images;                // [B, rows, cols, 1], scaled to [0, 1]
@@ -29,10 +33,19 @@ struct StepStats {
   int64_t samples = 0;
   CommStats comm;       // zero without a bucketer
   bool updated = true;  // false when before_update skipped the optimizer step
+  // Device steps with a before_update only: whether the averaged gradients were all finite,
+  // counted on the device (before_update then gets an empty span: the gradients are device
+  // memory). Unset on the CPU, where before_update reads the gradients itself.
+  std::optional<bool> grads_finite;
+  // Device steps: the step's time on the compute stream, from upload to update, measured with
+  // CUDA events (it includes waiting for the communication stream). Unset on the CPU.
+  std::optional<double> device_ms;
 };
 
+struct DeviceStepState;  // the device step's buffers (src/cuda/train_gpu.cpp)
 struct StepWorkspace {
-  Tensor dlogits;  // [B, classes]
+  Tensor dlogits;                           // [B, classes], on the model's device
+  std::shared_ptr<DeviceStepState> device;  // device steps: images, labels, loss statistics
 };
 
 // With a bucketer, each layer's gradients are handed to it as backward finishes them and the
@@ -40,9 +53,26 @@ struct StepWorkspace {
 // before_update, when given, runs after the gradients are final (averaged) and before the
 // optimizer; returning false skips the update (the --check-finite guard).
 using BeforeUpdateFn = std::function<bool(const StepStats& stats, std::span<const float> grads)>;
+// A CUDA ctx (with a device model and optimizer) runs train_step_device without a bucketer;
+// passing a GradBucketer with a CUDA ctx throws.
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
                      StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer = nullptr,
                      const BeforeUpdateFn& before_update = {});
+
+// The step on the GPU (GPU build; the CPU-only build throws). The batch is host memory (as
+// make_batch writes it): the images and labels are uploaded explicitly on the compute stream
+// (labels are range-checked on the host first, as the CPU loss does). Forward, the loss,
+// backward, the optimizer and, with a bucketer, the averaging (on the communication stream,
+// ordered by events) are all queued without the host waiting. The host synchronises once per
+// step, at its end, to read the loss and the correct count back (one small copy into pinned
+// memory): that is the step's only host sync. With before_update there are two: the read-back
+// moves before the optimizer (the guard decides on the loss and on the gradients' non-finite
+// count, computed on the device), and the end waits for the update. (Reading the loss
+// asynchronously, a step late, would let the host run ahead; not done yet.)
+StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
+                            StepWorkspace& workspace, Context& ctx,
+                            DeviceGradBucketer* bucketer = nullptr,
+                            const BeforeUpdateFn& before_update = {});
 
 struct EvalResult {
   int64_t correct = 0;
@@ -55,8 +85,11 @@ struct EvalResult {
 };
 
 // Evaluates samples [begin, end) of `data` in order, in batches of at most batch_size.
+// On a CUDA ctx each batch is uploaded and its statistics read back (one sync per batch).
 EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t end,
                     int64_t batch_size, Batch& scratch, Context& ctx);
+// One host batch on the device: upload, forward, loss statistics read back (GPU build).
+EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx);
 
 // Writes the flat parameter buffer: the 8 bytes "RTPARAMS", the element count as a
 // little-endian uint64, then the float32 values, little-endian. Written to path + ".tmp",

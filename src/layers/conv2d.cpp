@@ -19,6 +19,7 @@
 
 #include "eigen_maps.h"
 #include "ringtrain/check.h"
+#include "ringtrain/gpu_ops.h"
 #include "ringtrain/layers.h"
 #include "ringtrain/ops.h"
 
@@ -349,21 +350,36 @@ class Conv2D final : public Layer {
     dw_ = grads[0];
     db_ = grads[1];
   }
-  void forward(const Tensor& x, Tensor& y, Context&) override {
+  void forward(const Tensor& x, Tensor& y, Context& ctx) override {
     const int64_t batch = x.dim(0), height = x.dim(1), width = x.dim(2);
     y.resize(Shape{batch, height, width, cout_});
+    if (runs_on_gpu(*this, x, ctx)) {  // direct kernels for every channel count: no scratch
+      gpu_ops::conv2d_forward(ctx, x.data(), w_.data(), b_.data(), y.data(), batch, height, width,
+                              cin_, cout_);
+      return;
+    }
     if (im2col_) cols_.resize(Shape{batch * height * width, kTaps * cin_});
     conv2d_forward(x.data(), w_.data(), b_.data(), y.data(), cols_.data(), batch, height, width,
                    cin_, cout_);
   }
-  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&,
+  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context& ctx,
                        const GradProgressFn&) override {
+    if (runs_on_gpu(*this, x, ctx)) {
+      gpu_ops::conv2d_backward(ctx, x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr,
+                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
+      return;
+    }
     conv2d_backward<float>(x.data(), cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(),
                            nullptr, nullptr, x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
   }
   void backward_input(const Tensor& x, const Tensor&, const Tensor& dy, Tensor& dx,
-                      Context&) override {
+                      Context& ctx) override {
     dx.resize(x.shape());
+    if (runs_on_gpu(*this, x, ctx)) {
+      gpu_ops::conv2d_backward(ctx, x.data(), w_.data(), dy.data(), nullptr, nullptr, dx.data(),
+                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
+      return;
+    }
     if (im2col_) dcols_.resize(cols_.shape());
     conv2d_backward<float>(x.data(), cols_.data(), w_.data(), dy.data(), nullptr, nullptr,
                            dx.data(), dcols_.data(), x.dim(0), x.dim(1), x.dim(2), cin_, cout_);

@@ -6,6 +6,7 @@
 
 #include "eigen_maps.h"
 #include "ringtrain/check.h"
+#include "ringtrain/gpu_ops.h"
 #include "ringtrain/layers.h"
 #include "ringtrain/ops.h"
 
@@ -85,9 +86,13 @@ class Dense final : public Layer {
     dw_ = grads[0];
     db_ = grads[1];
   }
-  void forward(const Tensor& x, Tensor& y, Context&) override {
+  void forward(const Tensor& x, Tensor& y, Context& ctx) override {
     const int64_t batch = x.dim(0);
     y.resize(Shape{batch, out_});
+    if (runs_on_gpu(*this, x, ctx)) {
+      gpu_ops::dense_forward(ctx, x.data(), w_.data(), b_.data(), y.data(), batch, in_, out_);
+      return;
+    }
     dense_forward(x.data(), w_.data(), b_.data(), y.data(), batch, in_, out_);
   }
   std::vector<int64_t> grad_pieces() const override {
@@ -98,9 +103,21 @@ class Dense final : public Layer {
     pieces.back() += out_;  // the bias ends the last piece
     return pieces;
   }
-  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context&,
+  void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context& ctx,
                        const GradProgressFn& progress) override {
     const int64_t batch = x.dim(0);
+    if (runs_on_gpu(*this, x, ctx)) {
+      // The same pieces as on the CPU, so the buckets are the same; each is reported when its
+      // GEMM is queued (the GPU bucketer orders the averaging after it with an event).
+      gpu_ops::bias_backward(ctx, dy.data(), db_.data(), batch, out_);
+      for (int64_t row = 0; row < in_; row += rows_per_piece()) {
+        const int64_t end = std::min(in_, row + rows_per_piece());
+        gpu_ops::dense_backward_weight_rows(ctx, x.data(), dy.data(), dw_.data(), batch, in_, out_,
+                                            row, end);
+        if (end < in_) progress(end * out_);
+      }
+      return;
+    }
     if (rows_per_piece() >= in_) {
       dense_backward<float>(x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr, batch,
                             in_, out_);
@@ -117,8 +134,12 @@ class Dense final : public Layer {
     }
   }
   void backward_input(const Tensor& x, const Tensor&, const Tensor& dy, Tensor& dx,
-                      Context&) override {
+                      Context& ctx) override {
     dx.resize(x.shape());
+    if (runs_on_gpu(*this, x, ctx)) {
+      gpu_ops::dense_backward_input(ctx, w_.data(), dy.data(), dx.data(), x.dim(0), in_, out_);
+      return;
+    }
     dense_backward<float>(x.data(), w_.data(), dy.data(), nullptr, nullptr, dx.data(), x.dim(0),
                           in_, out_);
   }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "ringtrain/check.h"
+#include "ringtrain/gpu_ops.h"
 #include "ringtrain/layers.h"
 #include "ringtrain/ops.h"
 
@@ -109,13 +110,19 @@ class MaxPool2D final : public Layer {
                     "maxpool2x2 expects samples [H, W, C] with even H and W, got {}", input.str());
     return Shape{input[0] / 2, input[1] / 2, input[2]};
   }
-  void forward(const Tensor& x, Tensor& y, Context&) override {
+  void forward(const Tensor& x, Tensor& y, Context& ctx) override {
     y.resize(Shape{x.dim(0), x.dim(1) / 2, x.dim(2) / 2, x.dim(3)});
+    if (runs_on_gpu(*this, x, ctx))
+      return gpu_ops::maxpool2d_forward(ctx, x.data(), y.data(), x.dim(0), x.dim(1), x.dim(2),
+                                        x.dim(3));
     maxpool2d_forward(x.data(), y.data(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
   }
   void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
-                      Context&) override {
+                      Context& ctx) override {
     dx.resize(x.shape());
+    if (runs_on_gpu(*this, x, ctx))
+      return gpu_ops::maxpool2d_backward(ctx, x.data(), y.data(), dy.data(), dx.data(), x.dim(0),
+                                         x.dim(1), x.dim(2), x.dim(3));
     maxpool2d_backward(x.data(), y.data(), dy.data(), dx.data(), x.dim(0), x.dim(1), x.dim(2),
                        x.dim(3));
   }

@@ -1,6 +1,7 @@
 // ReLU: y = max(x, 0); the backward pass reads the saved output, not the input. A NaN passes
 // through (as in PyTorch): swallowed here, it would hide a corrupt input from the loss and
 // from --check-finite's loss test while still poisoning the weight gradients.
+#include "ringtrain/gpu_ops.h"
 #include "ringtrain/layers.h"
 #include "ringtrain/ops.h"
 
@@ -27,13 +28,17 @@ class Relu final : public Layer {
  public:
   std::string name() const override { return "relu"; }
   Shape output_shape(const Shape& input) const override { return input; }
-  void forward(const Tensor& x, Tensor& y, Context&) override {
+  void forward(const Tensor& x, Tensor& y, Context& ctx) override {
     y.resize(x.shape());
+    if (runs_on_gpu(*this, x, ctx))
+      return gpu_ops::relu_forward(ctx, x.data(), y.data(), x.numel());
     relu_forward(x.data(), y.data(), x.numel());
   }
   void backward_input(const Tensor&, const Tensor& y, const Tensor& dy, Tensor& dx,
-                      Context&) override {
+                      Context& ctx) override {
     dx.resize(y.shape());
+    if (runs_on_gpu(*this, y, ctx))
+      return gpu_ops::relu_backward(ctx, y.data(), dy.data(), dx.data(), y.numel());
     relu_backward(y.data(), dy.data(), dx.data(), y.numel());
   }
 };

@@ -1,0 +1,45 @@
+// GpuContext: one rank's GPU, owned (RAII): the device selected with cudaSetDevice, a compute
+// stream on which every layer, the loss and the optimizer run, a communication stream on which
+// gradient buckets are averaged (it waits on events recorded on the compute stream, never on
+// the host), and the cuBLAS and cuDNN handles bound to the compute stream.
+//
+// cuBLAS runs in CUBLAS_DEFAULT_MATH: full float32 products, no TF32 tensor-op rounding (which
+// would make GPU results differ from the CPU's by ~1e-3 relative instead of ~1e-6), so the
+// GPU-equals-CPU tests can use float tolerances. cuBLAS's GEMMs are deterministic run to run
+// on one GPU model with one stream per handle, which is how they are used here.
+//
+// Only the GPU build defines this class (src/cuda/gpu_context.cpp); the header itself needs no
+// CUDA headers, so code that merely passes it around compiles in every build.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ringtrain/context.h"
+
+namespace ringtrain {
+
+class GpuContext {
+ public:
+  // Selects CUDA device `gpu` for this thread (and the threads that set it from context()).
+  explicit GpuContext(int gpu);
+  ~GpuContext();
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+
+  // device kCuda, the ordinal, both streams and both handles.
+  Context& context() { return ctx_; }
+  int gpu() const { return ctx_.gpu; }
+  // "GPU 0: NVIDIA H200 (sm_90, 139.8 GiB, PCI 0000:1b:00.0)"
+  std::string describe() const;
+  // Waits for both streams (outside the training step: evaluation, checkpoints, the end).
+  void synchronize();
+
+ private:
+  Context ctx_;
+};
+
+// Makes `gpu` the current device of the calling thread (the communication thread calls it).
+void set_current_gpu(int gpu);
+
+}  // namespace ringtrain

@@ -1,0 +1,80 @@
+// GpuContext (gpu_context.h): device selection, the two streams, the cuBLAS and cuDNN handles.
+#include "ringtrain/gpu_context.h"
+
+#include <fmt/format.h>
+
+#include "ringtrain/cuda_check.h"
+
+namespace ringtrain {
+
+void set_current_gpu(int gpu) {
+  RINGTRAIN_CHECK_CUDA(cudaSetDevice(gpu));
+}
+
+GpuContext::GpuContext(int gpu) {
+  int count = 0;
+  RINGTRAIN_CHECK_CUDA(cudaGetDeviceCount(&count));
+  RINGTRAIN_CHECK(gpu >= 0 && gpu < count, "GPU {} does not exist: {} visible", gpu, count);
+  set_current_gpu(gpu);
+  ctx_.device = Device::kCuda;
+  ctx_.gpu = gpu;
+  // Build in steps and free what was made if a later step throws.
+  cudaStream_t compute = nullptr, comm = nullptr;
+  cublasHandle_t blas = nullptr;
+  cudnnHandle_t dnn = nullptr;
+  try {
+    // Non-blocking: neither stream synchronises with the legacy default stream, so a stray
+    // default-stream call elsewhere cannot serialise compute and communication.
+    RINGTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    RINGTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+    RINGTRAIN_CHECK_CUBLAS(cublasCreate(&blas));
+    RINGTRAIN_CHECK_CUBLAS(cublasSetStream(blas, compute));
+    // Full float32 arithmetic (no TF32): see the header.
+    RINGTRAIN_CHECK_CUBLAS(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+    RINGTRAIN_CHECK_CUBLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+    RINGTRAIN_CHECK_CUDNN(cudnnCreate(&dnn));
+    RINGTRAIN_CHECK_CUDNN(cudnnSetStream(dnn, compute));
+  } catch (...) {
+    if (dnn != nullptr) (void)cudnnDestroy(dnn);
+    if (blas != nullptr) (void)cublasDestroy(blas);
+    if (comm != nullptr) (void)cudaStreamDestroy(comm);
+    if (compute != nullptr) (void)cudaStreamDestroy(compute);
+    throw;
+  }
+  ctx_.stream = compute;
+  ctx_.comm_stream = comm;
+  ctx_.blas = blas;
+  ctx_.dnn = dnn;
+}
+
+GpuContext::~GpuContext() {
+  // Destructors must not throw: errors here mean the device is already lost.
+  (void)cudaSetDevice(ctx_.gpu);
+  (void)cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream));
+  (void)cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.comm_stream));
+  (void)cudnnDestroy(static_cast<cudnnHandle_t>(ctx_.dnn));
+  (void)cublasDestroy(static_cast<cublasHandle_t>(ctx_.blas));
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(ctx_.comm_stream));
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(ctx_.stream));
+}
+
+std::string GpuContext::describe() const {
+  cudaDeviceProp prop{};
+  RINGTRAIN_CHECK_CUDA(cudaGetDeviceProperties(&prop, ctx_.gpu));
+  char pci[32] = {};
+  if (cudaDeviceGetPCIBusId(pci, sizeof(pci), ctx_.gpu) != cudaSuccess) {
+    (void)cudaGetLastError();
+    pci[0] = '?';
+  }
+  return fmt::format("GPU {}: {} (sm_{}{}, {:.1f} GiB, PCI {}), cuDNN {}", ctx_.gpu, prop.name,
+                     prop.major, prop.minor,
+                     static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), pci,
+                     cudnnGetVersion());
+}
+
+void GpuContext::synchronize() {
+  RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream)));
+  RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.comm_stream)));
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,223 @@
+// The training step and evaluation on the GPU (train.h). Host memory is touched only for the
+// batch (uploaded) and the loss statistics (read back once per step, into pinned memory).
+#include <algorithm>
+
+#include "kernels.h"
+#include "ringtrain/check.h"
+#include "ringtrain/cuda_check.h"
+#include "ringtrain/device_bucketer.h"
+#include "ringtrain/train.h"
+
+namespace ringtrain {
+
+// The step's device buffers, allocated on first use and grown only when a batch is larger.
+struct DeviceStepState {
+  Tensor images{Device::kCuda};
+  int32_t* labels = nullptr;  // device [label_capacity]
+  int64_t label_capacity = 0;
+  gpu::XentStats* stats = nullptr;               // device
+  unsigned long long* nonfinite = nullptr;       // device, --check-finite
+  gpu::XentStats* host_stats = nullptr;          // pinned host
+  unsigned long long* host_nonfinite = nullptr;  // pinned host
+  // Pinned staging of the batch: an upload from pageable memory may synchronise the stream,
+  // from pinned memory it is a plain DMA queued on it. The previous step's upload has always
+  // finished when the next one refills it (each step ends with a stream synchronisation).
+  float* host_images = nullptr;
+  int32_t* host_labels = nullptr;
+  int64_t image_capacity = 0;
+  cudaEvent_t step_start = nullptr, step_end = nullptr;  // the step on the compute stream
+
+  DeviceStepState() {
+    try {
+      RINGTRAIN_CHECK_CUDA(cudaMalloc(&stats, sizeof(gpu::XentStats)));
+      RINGTRAIN_CHECK_CUDA(cudaMalloc(&nonfinite, sizeof(unsigned long long)));
+      RINGTRAIN_CHECK_CUDA(cudaMallocHost(&host_stats, sizeof(gpu::XentStats)));
+      RINGTRAIN_CHECK_CUDA(cudaMallocHost(&host_nonfinite, sizeof(unsigned long long)));
+      RINGTRAIN_CHECK_CUDA(cudaEventCreate(&step_start));
+      RINGTRAIN_CHECK_CUDA(cudaEventCreate(&step_end));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~DeviceStepState() { release(); }
+  DeviceStepState(const DeviceStepState&) = delete;
+  DeviceStepState& operator=(const DeviceStepState&) = delete;
+
+  void release() {
+    (void)cudaFree(labels);
+    (void)cudaFree(stats);
+    (void)cudaFree(nonfinite);
+    (void)cudaFreeHost(host_stats);
+    (void)cudaFreeHost(host_nonfinite);
+    (void)cudaFreeHost(host_images);
+    (void)cudaFreeHost(host_labels);
+    host_images = nullptr;
+    host_labels = nullptr;
+    if (step_start != nullptr) (void)cudaEventDestroy(step_start);
+    if (step_end != nullptr) (void)cudaEventDestroy(step_end);
+    step_start = step_end = nullptr;
+    labels = nullptr;
+    stats = nullptr;
+    nonfinite = nullptr;
+    host_stats = nullptr;
+    host_nonfinite = nullptr;
+  }
+
+  // Range-checks the labels on the host (as the CPU loss does, before any work is queued) and
+  // queues the uploads of images and labels on `stream`.
+  void upload(const Batch& batch, cudaStream_t stream) {
+    const int64_t rows = batch.images.dim(0);
+    RINGTRAIN_CHECK(
+        batch.images.device() == Device::kCpu && static_cast<int64_t>(batch.labels.size()) == rows,
+        "a device step takes a host batch with one label per image ({} images, {} "
+        "labels)",
+        rows, batch.labels.size());
+    const int64_t values = batch.images.numel();
+    if (rows > label_capacity) {
+      RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));  // growth only: not in steady state
+      RINGTRAIN_CHECK_CUDA(cudaFree(labels));
+      RINGTRAIN_CHECK_CUDA(cudaFreeHost(host_labels));
+      labels = nullptr;
+      host_labels = nullptr;
+      RINGTRAIN_CHECK_CUDA(cudaMalloc(&labels, static_cast<size_t>(rows) * sizeof(int32_t)));
+      RINGTRAIN_CHECK_CUDA(
+          cudaMallocHost(&host_labels, static_cast<size_t>(rows) * sizeof(int32_t)));
+      label_capacity = rows;
+    }
+    if (values > image_capacity) {
+      RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+      RINGTRAIN_CHECK_CUDA(cudaFreeHost(host_images));
+      host_images = nullptr;
+      RINGTRAIN_CHECK_CUDA(
+          cudaMallocHost(&host_images, static_cast<size_t>(values) * sizeof(float)));
+      image_capacity = values;
+    }
+    std::copy_n(batch.images.data(), values, host_images);
+    std::copy_n(batch.labels.data(), rows, host_labels);
+    images.resize(batch.images.shape());
+    copy_floats_async(images.data(), Device::kCuda, host_images, Device::kCpu, values, stream);
+    RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(labels, host_labels,
+                                         static_cast<size_t>(rows) * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, stream));
+  }
+
+  // Queues the copy of the loss statistics (and the non-finite count) to pinned memory and
+  // waits for the stream: the step's one host synchronisation.
+  void read_back(cudaStream_t stream, bool with_nonfinite) {
+    RINGTRAIN_CHECK_CUDA(
+        cudaMemcpyAsync(host_stats, stats, sizeof(gpu::XentStats), cudaMemcpyDeviceToHost, stream));
+    if (with_nonfinite) {
+      RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(host_nonfinite, nonfinite, sizeof(unsigned long long),
+                                           cudaMemcpyDeviceToHost, stream));
+    }
+    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+};
+
+namespace {
+
+DeviceStepState& state_of(StepWorkspace& workspace) {
+  if (!workspace.device) workspace.device = std::make_shared<DeviceStepState>();
+  return *workspace.device;
+}
+
+void check_labels(const std::vector<int32_t>& labels, int64_t classes) {
+  for (size_t r = 0; r < labels.size(); ++r) {
+    RINGTRAIN_CHECK(labels[r] >= 0 && labels[r] < classes, "label {} of row {} is outside [0, {})",
+                    labels[r], r, classes);
+  }
+}
+
+void fill_loss(StepStats& stats, const gpu::XentStats& host, int64_t rows) {
+  RINGTRAIN_CHECK(host.bad_labels == 0, "{} label(s) outside the class range reached the GPU",
+                  host.bad_labels);
+  stats.loss = host.loss_sum / static_cast<double>(rows);
+  stats.correct = static_cast<int64_t>(host.correct);
+}
+
+}  // namespace
+
+StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
+                            StepWorkspace& workspace, Context& ctx, DeviceGradBucketer* bucketer,
+                            const BeforeUpdateFn& before_update) {
+  RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda &&
+                      optimizer.device() == Device::kCuda,
+                  "a device step needs a CUDA context, a device model and a device optimizer");
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  DeviceStepState& state = state_of(workspace);
+  check_labels(batch.labels, model.output_shape().numel());
+  RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
+  state.upload(batch, stream);
+
+  const Tensor& logits = model.forward(state.images, ctx);
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  if (workspace.dlogits.device() != Device::kCuda) workspace.dlogits = Tensor(Device::kCuda);
+  workspace.dlogits.resize(logits.shape());
+  gpu::softmax_xent(logits.data(), state.labels, workspace.dlogits.data(), rows, classes,
+                    state.stats, stream);
+  StepStats stats;
+  stats.samples = rows;
+  if (bucketer != nullptr) {
+    bucketer->begin_backward();
+    model.backward(workspace.dlogits, ctx,
+                   [bucketer](const GradRange& range) { bucketer->mark_ready(range); });
+    bucketer->finish();  // the compute stream now waits for the averaged gradients
+  } else {
+    model.backward(workspace.dlogits, ctx);
+  }
+  Tensor& params = model.params();
+  const Tensor& grads = model.grads();
+  bool have_loss = false;
+  if (before_update) {
+    RINGTRAIN_CHECK_CUDA(cudaMemsetAsync(state.nonfinite, 0, sizeof(unsigned long long), stream));
+    gpu::count_nonfinite(grads.data(), grads.numel(), state.nonfinite, stream);
+    state.read_back(stream, /*with_nonfinite=*/true);
+    have_loss = true;
+    fill_loss(stats, *state.host_stats, rows);
+    stats.grads_finite = *state.host_nonfinite == 0;
+    if (bucketer != nullptr) stats.comm = bucketer->stats();
+    if (!before_update(stats, {})) {
+      stats.updated = false;
+      return stats;
+    }
+  }
+  optimizer.step({params.data(), static_cast<size_t>(params.numel())},
+                 {grads.data(), static_cast<size_t>(grads.numel())}, lr);
+  RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_end, stream));
+  if (!have_loss) {
+    state.read_back(stream, /*with_nonfinite=*/false);
+    fill_loss(stats, *state.host_stats, rows);
+    if (bucketer != nullptr) stats.comm = bucketer->stats();
+  } else {
+    // The update is queued; wait for it so the step's time covers it, as on the CPU.
+    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  float device_ms = 0.0f;
+  RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&device_ms, state.step_start, state.step_end));
+  stats.device_ms = static_cast<double>(device_ms);
+  return stats;
+}
+
+EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx) {
+  RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda,
+                  "device evaluation needs a CUDA context and a device model");
+  thread_local StepWorkspace workspace;  // evaluation's own upload buffers, reused
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  DeviceStepState& state = state_of(workspace);
+  check_labels(batch.labels, model.output_shape().numel());
+  state.upload(batch, stream);
+  const Tensor& logits = model.forward(state.images, ctx);
+  gpu::softmax_xent(logits.data(), state.labels, nullptr, logits.dim(0), logits.dim(1), state.stats,
+                    stream);
+  state.read_back(stream, false);
+  StepStats stats;
+  fill_loss(stats, *state.host_stats, logits.dim(0));
+  EvalResult result;
+  result.correct = stats.correct;
+  result.samples = logits.dim(0);
+  result.loss_sum = stats.loss * static_cast<double>(logits.dim(0));
+  return result;
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,190 @@
+// GPU training equals CPU training to a tolerance for k steps: the same model, seed, batches
+// and optimizer on both devices, parameters compared after each of k steps. Runs only where a
+// GPU is visible (main.cpp skips otherwise).
+//
+// Tolerances: SGD (with momentum) is linear in the gradients, so the per-step float
+// differences (cuBLAS's summation order, ~1e-6 relative) stay small: max |gpu - cpu| <= 1e-4
+// after 5 steps. Adam divides by sqrt(v): a gradient near 0 whose last bits differ can move
+// its weight by up to 2 lr per step, so Adam is checked by the mean difference (<= 1e-5) and
+// the bound 2 lr k on the largest.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kernels.h"
+#include "ringtrain/device_bucketer.h"
+#include "ringtrain/gpu_context.h"
+#include "ringtrain/model.h"
+#include "ringtrain/optim.h"
+#include "ringtrain/train.h"
+
+using namespace ringtrain;
+
+namespace {
+
+GpuContext& gpu_context() {
+  static GpuContext context(0);
+  return context;
+}
+
+Batch synthetic_batch(int64_t rows, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> label(0, 9);
+  Batch batch;
+  batch.images = Tensor(Shape{rows, 28, 28, 1});
+  for (int64_t i = 0; i < batch.images.numel(); ++i) batch.images[i] = pixel(gen);
+  for (int64_t r = 0; r < rows; ++r) batch.labels.push_back(label(gen));
+  return batch;
+}
+
+struct Difference {
+  double max = 0.0, mean = 0.0;
+};
+Difference compare(const std::vector<float>& cpu, const std::vector<float>& gpu) {
+  Difference d;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double e = std::abs(static_cast<double>(cpu[i]) - gpu[i]);
+    d.max = std::max(d.max, e);
+    d.mean += e;
+  }
+  d.mean /= static_cast<double>(cpu.size());
+  return d;
+}
+
+void train_both(const std::string& model_name, const OptimizerConfig& config, float lr, int steps,
+                bool adam) {
+  Context& gctx = gpu_context().context();
+  Context cctx;
+  ModelSpec spec{.name = model_name};
+  if (model_name == "mlp") spec.hidden = {128, 64};
+  auto cpu = make_model(spec);
+  spec.device = Device::kCuda;
+  auto gpu = make_model(spec);
+  cpu->init_params(42);
+  gpu->init_params(42);
+  REQUIRE(cpu->params_to_host() == gpu->params_to_host());  // the same bits on both devices
+  auto cpu_opt = make_optimizer(config, cpu->num_params(), cctx);
+  auto gpu_opt = make_optimizer(config, gpu->num_params(), gctx);
+  StepWorkspace cpu_ws, gpu_ws;
+  for (int step = 0; step < steps; ++step) {
+    const Batch batch = synthetic_batch(32, 1000 + static_cast<uint32_t>(step));
+    const StepStats c = train_step(*cpu, *cpu_opt, batch, lr, cpu_ws, cctx);
+    const StepStats g = train_step_device(*gpu, *gpu_opt, batch, lr, gpu_ws, gctx);
+    INFO(model_name << " " << config.kind << " step " << step << ": loss cpu " << c.loss << " gpu "
+                    << g.loss);
+    CHECK(std::abs(c.loss - g.loss) <= 1e-4 * (1.0 + std::abs(c.loss)));
+    CHECK(c.correct == g.correct);
+    const Difference d = compare(cpu->params_to_host(), gpu->params_to_host());
+    INFO("max difference " << d.max << ", mean " << d.mean);
+    if (adam) {
+      CHECK(d.mean <= 1e-5);
+      CHECK(d.max <= 2.0 * lr * (step + 1));
+    } else {
+      CHECK(d.max <= 1e-4);
+    }
+  }
+  // The optimizer state leaves the device through explicit copies, in the CPU's layout.
+  const auto cpu_state = state_to_host(*cpu_opt);
+  const auto gpu_state = state_to_host(*gpu_opt);
+  REQUIRE(cpu_state.size() == gpu_state.size());
+  for (size_t b = 0; b < cpu_state.size(); ++b) CHECK(cpu_state[b].size() == gpu_state[b].size());
+}
+
+}  // namespace
+
+TEST_CASE("GPU mlp training equals CPU training for 5 steps (SGD momentum, Adam)",
+          "[gpu][training]") {
+  train_both("mlp", {.kind = "sgd", .momentum = 0.9f, .weight_decay = 1e-4f}, 0.05f, 5, false);
+  train_both("mlp", {.kind = "adam"}, 1e-3f, 5, true);
+}
+
+TEST_CASE("GPU cnn training equals CPU training for 5 steps (SGD, Adam)", "[gpu][training]") {
+  train_both("cnn", {.kind = "sgd", .momentum = 0.5f, .nesterov = true}, 0.05f, 5, false);
+  train_both("cnn", {.kind = "adam"}, 1e-3f, 5, true);
+}
+
+TEST_CASE("a GPU run is deterministic: the same bits twice", "[gpu][training]") {
+  Context& ctx = gpu_context().context();
+  std::vector<float> first;
+  for (int run = 0; run < 2; ++run) {
+    auto model = make_model({.name = "cnn", .device = Device::kCuda});
+    model->init_params(7);
+    auto opt = make_optimizer({.kind = "adam"}, model->num_params(), ctx);
+    StepWorkspace ws;
+    for (int step = 0; step < 3; ++step)
+      train_step_device(*model, *opt, synthetic_batch(16, 50 + static_cast<uint32_t>(step)), 1e-3f,
+                        ws, ctx);
+    if (run == 0) {
+      first = model->params_to_host();
+    } else {
+      CHECK(model->params_to_host() == first);
+    }
+  }
+}
+
+TEST_CASE("the device step's guard sees the loss and the gradients' finite count",
+          "[gpu][training]") {
+  Context& ctx = gpu_context().context();
+  auto model = make_model({.name = "mlp", .hidden = {32}, .device = Device::kCuda});
+  model->init_params(1);
+  const std::vector<float> before = model->params_to_host();
+  auto opt = make_optimizer({}, model->num_params(), ctx);
+  StepWorkspace ws;
+  Batch batch = synthetic_batch(8, 3);
+  batch.images[0] = std::nanf("");
+  bool called = false;
+  const StepStats stats = train_step_device(*model, *opt, batch, 0.1f, ws, ctx, nullptr,
+                                            [&](const StepStats& s, std::span<const float> grads) {
+                                              called = true;
+                                              CHECK(grads.empty());
+                                              REQUIRE(s.grads_finite.has_value());
+                                              CHECK_FALSE(*s.grads_finite);
+                                              CHECK_FALSE(std::isfinite(s.loss));
+                                              return false;
+                                            });
+  CHECK(called);
+  CHECK_FALSE(stats.updated);
+  CHECK(model->params_to_host() == before);  // skipped: nothing changed
+}
+
+TEST_CASE("the stream overlap engine: the optimizer waits for the communication stream",
+          "[gpu][bucketer]") {
+  Context& ctx = gpu_context().context();
+  // Two identical replicas; one averages through a DeviceGradBucketer whose "reduce" is a
+  // kernel on the communication stream, the other has none.
+  auto plain = make_model({.name = "mlp", .hidden = {256, 256}, .device = Device::kCuda});
+  auto bucketed = make_model({.name = "mlp", .hidden = {256, 256}, .device = Device::kCuda});
+  plain->init_params(9);
+  bucketed->init_params(9);
+  auto plain_opt = make_optimizer({}, plain->num_params(), ctx);
+  auto bucketed_opt = make_optimizer({}, bucketed->num_params(), ctx);
+  const auto ranges = bucketed->grad_ranges();
+  float factor = 1.0f;  // the identity first: the same bits as without the engine
+  DeviceGradBucketer engine(
+      ctx, bucketed->grads().data(), assign_buckets(ranges, 1000, 50000),
+      [&factor](float* data, int64_t count, void* stream) {
+        gpu::scale(data, factor, count, static_cast<cudaStream_t>(stream));
+      },
+      /*overlap=*/true);
+  REQUIRE(engine.buckets().size() > 2);
+  StepWorkspace plain_ws, bucketed_ws;
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = synthetic_batch(16, 70 + static_cast<uint32_t>(step));
+    train_step_device(*plain, *plain_opt, batch, 0.1f, plain_ws, ctx);
+    const StepStats s =
+        train_step_device(*bucketed, *bucketed_opt, batch, 0.1f, bucketed_ws, ctx, &engine);
+    CHECK(s.comm.comm_ms >= 0.0);
+    CHECK(s.comm.exposed_ms >= 0.0);
+    CHECK(bucketed->params_to_host() == plain->params_to_host());
+  }
+  // Scaling the gradients to zero on the communication stream must leave plain SGD's weights
+  // untouched: it would not if the update ran before the "averaging" finished.
+  factor = 0.0f;
+  const std::vector<float> before = bucketed->params_to_host();
+  train_step_device(*bucketed, *bucketed_opt, synthetic_batch(16, 99), 0.1f, bucketed_ws, ctx,
+                    &engine);
+  CHECK(bucketed->params_to_host() == before);
+}
