@@ -432,6 +432,7 @@ int run(Options o, MpiComm& comm) {
   if (device.device == Device::kCuda) {
     gpu.emplace(device.gpu);
     ctx = gpu->context();
+    ctx.board = &comm.board();  // device steps post their stream waits for the watchdog
     spdlog::info("device: cuda ({}); {}", device.why, gpu->describe());
   } else {
     spdlog::info("device: cpu ({})", device.why);
@@ -638,12 +639,14 @@ int run(Options o, MpiComm& comm) {
     } else if (o.allreduce == "ring") {
       device_ring_scratch.emplace();
       device_ring_scratch->reserve(static_cast<size_t>(largest), ranks);  // no growth in a step
-      reduce = [&nccl, &device_ring_scratch](float* bucket, int64_t count, void*) {
+      reduce = [&comm, &nccl, &device_ring_scratch](float* bucket, int64_t count, void*) {
+        comm.board().set_phase("gradient allreduce");
         ring_allreduce_device(*nccl, bucket, static_cast<size_t>(count), ReduceOp::kAvg,
                               *device_ring_scratch);
       };
     } else {
-      reduce = [&nccl](float* bucket, int64_t count, void*) {
+      reduce = [&comm, &nccl](float* bucket, int64_t count, void*) {
+        comm.board().set_phase("gradient allreduce");
         nccl->allreduce_library(bucket, static_cast<size_t>(count), ReduceOp::kAvg);
       };
     }
@@ -656,8 +659,8 @@ int run(Options o, MpiComm& comm) {
       !device_bucketer ? std::string()
       : nccl           ? std::string(" over NCCL on the communication stream")
                        : std::string(
-                             " (the CPU ring through pinned host memory: ranks share a "
-                                       "GPU, which NCCL refuses)");
+                             " (whatever --allreduce says: the CPU ring through pinned "
+                                       "host memory, since ranks share a GPU, which NCCL refuses)");
 #else
   const int64_t device_bucket_count = 0;
   const std::string transport;

@@ -30,7 +30,10 @@ void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
 void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
 
 // ---- fused softmax cross-entropy over logits[rows, classes] ----   Twin: softmax_xent.
-// Device-side results of one call (zeroed by the launcher before the kernel runs).
+// Device-side results of one call. Every call overwrites all three fields (the kernel stores
+// the block's totals; with 0 rows the launcher memsets them to 0): nothing is accumulated
+// across calls and no zeroing is needed before one. (Review fix: this comment used to say the
+// launcher zeroes them before the kernel runs, which it does not.)
 struct XentStats {
   double loss_sum;                // sum over rows of -log softmax[label]
   unsigned long long correct;     // rows whose arg-max (first maximum) equals the label

@@ -8,6 +8,8 @@
 
 namespace ringtrain {
 
+class ProgressBoard;  // comm.h
+
 enum class Device { kCpu, kCuda };
 const char* to_string(Device device);  // "cpu", "cuda"
 
@@ -19,6 +21,9 @@ struct Context {
   void* comm_stream = nullptr;  // cudaStream_t of the communication stream when device == kCuda
   void* blas = nullptr;         // cublasHandle_t (bound to `stream`) when device == kCuda
   void* dnn = nullptr;          // cudnnHandle_t (bound to `stream`) when device == kCuda
+  // Where a device step posts its waits for the streams, so that the collective watchdog sees
+  // a step stuck behind a peer's NCCL transfer (null: plain synchronisation).
+  ProgressBoard* board = nullptr;
 };
 
 // Applies ctx.threads to the CPU math libraries (Eigen's GEMM).

@@ -1,14 +1,44 @@
 // The training step and evaluation on the GPU (train.h). Host memory is touched only for the
 // batch (uploaded) and the loss statistics (read back once per step, into pinned memory).
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "kernels.h"
 #include "ringtrain/check.h"
+#include "ringtrain/comm.h"
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/device_bucketer.h"
 #include "ringtrain/train.h"
 
 namespace ringtrain {
+
+namespace {
+// Waits until `stream` has run everything queued on it. With a progress board the wait is a
+// poll posted there, so that when the stream is stuck behind a collective whose peer stalled or
+// died, the collective watchdog sees this rank waiting and ends the job with its report (a
+// plain cudaStreamSynchronize would block out of its sight, forever).
+void wait_for_stream(cudaStream_t stream, ProgressBoard* board) {
+  if (board == nullptr) {
+    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    return;
+  }
+  board->enter_wait("the GPU streams", -1);
+  struct Leave {
+    ProgressBoard* board;
+    ~Leave() { board->leave_wait(); }
+  } leave{board};
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) RINGTRAIN_CHECK_CUDA(status);
+    // Spin briefly (a step's tail is usually microseconds away), then yield the core.
+    if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(200))
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+}  // namespace
 
 // The step's device buffers, allocated on first use and grown only when a batch is larger.
 struct DeviceStepState {
@@ -104,14 +134,14 @@ struct DeviceStepState {
 
   // Queues the copy of the loss statistics (and the non-finite count) to pinned memory and
   // waits for the stream: the step's one host synchronisation.
-  void read_back(cudaStream_t stream, bool with_nonfinite) {
+  void read_back(cudaStream_t stream, bool with_nonfinite, ProgressBoard* board) {
     RINGTRAIN_CHECK_CUDA(
         cudaMemcpyAsync(host_stats, stats, sizeof(gpu::XentStats), cudaMemcpyDeviceToHost, stream));
     if (with_nonfinite) {
       RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(host_nonfinite, nonfinite, sizeof(unsigned long long),
                                            cudaMemcpyDeviceToHost, stream));
     }
-    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    wait_for_stream(stream, board);
   }
 };
 
@@ -172,7 +202,7 @@ StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& bat
   if (before_update) {
     RINGTRAIN_CHECK_CUDA(cudaMemsetAsync(state.nonfinite, 0, sizeof(unsigned long long), stream));
     gpu::count_nonfinite(grads.data(), grads.numel(), state.nonfinite, stream);
-    state.read_back(stream, /*with_nonfinite=*/true);
+    state.read_back(stream, /*with_nonfinite=*/true, ctx.board);
     have_loss = true;
     fill_loss(stats, *state.host_stats, rows);
     stats.grads_finite = *state.host_nonfinite == 0;
@@ -186,12 +216,12 @@ StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& bat
                  {grads.data(), static_cast<size_t>(grads.numel())}, lr);
   RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_end, stream));
   if (!have_loss) {
-    state.read_back(stream, /*with_nonfinite=*/false);
+    state.read_back(stream, /*with_nonfinite=*/false, ctx.board);
     fill_loss(stats, *state.host_stats, rows);
     if (bucketer != nullptr) stats.comm = bucketer->stats();
   } else {
     // The update is queued; wait for it so the step's time covers it, as on the CPU.
-    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    wait_for_stream(stream, ctx.board);
   }
   float device_ms = 0.0f;
   RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&device_ms, state.step_start, state.step_end));
@@ -210,7 +240,7 @@ EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx)
   const Tensor& logits = model.forward(state.images, ctx);
   gpu::softmax_xent(logits.data(), state.labels, nullptr, logits.dim(0), logits.dim(1), state.stats,
                     stream);
-  state.read_back(stream, false);
+  state.read_back(stream, false, ctx.board);
   StepStats stats;
   fill_loss(stats, *state.host_stats, logits.dim(0));
   EvalResult result;
