@@ -62,3 +62,16 @@ TEST_CASE("without a GPU path, CUDA tensors and device optimizers are refused cl
   cuda.device = Device::kCuda;
   CHECK_THROWS_WITH(make_optimizer({}, 3, cuda), Catch::Contains("needs the GPU path"));
 }
+
+#ifdef RINGTRAIN_HAVE_GPU
+#include <cublas_v2.h>
+
+// cuBLAS is loaded on first use (src/cuda/cublas_dynamic.cpp), not linked: this proves the
+// library is found and its entry points resolve, on any machine with the toolkit, GPU or not.
+TEST_CASE("cuBLAS loads on first use and its entry points resolve", "[device]") {
+  // The real library's words (our stand-in, used when it cannot be loaded, says "not loaded").
+  CHECK(std::string(cublasGetStatusString(CUBLAS_STATUS_SUCCESS)) == "success");
+  CHECK(std::string(cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED)) ==
+        "the library was not initialized");
+}
+#endif
