@@ -324,6 +324,16 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
       if (o.resume != "auto" && o.resume != "never") {
         payload = read_file_bytes(o.resume);
         const Checkpoint checked = decode_checkpoint(payload, o.resume);
+        // Newer files of another run in the directory would outrank this run's new ones in
+        // the --keep-checkpoints rotation, which would then delete them.
+        const std::vector<std::string> present = dir ? dir->list() : std::vector<std::string>{};
+        if (!present.empty() && present.front() > dir->path_for(checked.step)) {
+          throw Error(fmt::format("--resume {} is at step {}, but --checkpoint-dir {} already "
+                                  "holds a later checkpoint ({}): the rotation would delete this "
+                                  "run's new checkpoints; use an empty --checkpoint-dir",
+                                  o.resume, checked.step, o.checkpoint_dir, present.front()),
+                      ExitCode::kBadInput);
+        }
         spdlog::info("resuming from {} (--resume): step {}", o.resume, checked.step);
       } else if (dir) {
         std::vector<std::string> skipped;

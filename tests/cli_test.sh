@@ -84,6 +84,9 @@ expect_exit "missing checkpoint file" 3 "cannot open" "$trainer" "${short[@]}" -
 expect_exit "--resume never over existing checkpoints" 3 "--resume auto" \
   "$trainer" "${short[@]}" --checkpoint-dir "$work/ck" --resume never
 [ "$(ls "$work/ck" | wc -l)" -eq 2 ] || fail "--resume never changed the checkpoint directory"
+mkdir -p "$work/older" && cp "$work/ck/ckpt-0000000020.rtckpt" "$work/older/"
+expect_exit "--resume FILE into a directory with later checkpoints" 3 "holds a later checkpoint" \
+  "$trainer" "${short[@]}" --resume "$work/older/ckpt-0000000020.rtckpt" --checkpoint-dir "$work/ck"
 touch "$work/plain-file"
 expect_exit "checkpoint dir below a file" 3 "--checkpoint-dir $work/plain-file/sub" \
   "$trainer" "${short[@]}" --checkpoint-dir "$work/plain-file/sub"
