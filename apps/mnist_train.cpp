@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string>
 #include <thread>
@@ -781,6 +782,19 @@ int run(Options o, MpiComm& comm) {
     };
   }
 
+#ifdef RINGTRAIN_HAVE_GPU
+  // On an error, abort the NCCL communicator before anything declared above is destroyed:
+  // freeing device memory waits for the whole device, and a bucket's transfer whose peer will
+  // never join would make that wait, and the job, hang. Declared here, so it is destroyed
+  // first.
+  struct AbortNcclOnError {
+    std::optional<NcclComm>& nccl;
+    int exceptions_at_start = std::uncaught_exceptions();
+    ~AbortNcclOnError() {
+      if (nccl && std::uncaught_exceptions() > exceptions_at_start) nccl->abort();
+    }
+  } abort_nccl_on_error{nccl};
+#endif
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
   StepWorkspace workspace;
