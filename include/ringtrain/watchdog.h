@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include <mpi.h>
@@ -41,6 +42,8 @@ class CollectiveWatchdog {
   std::atomic<bool> stop_{false};
   int query_from_ = -1;  // receive buffer of the posted question: the asking rank
   MPI_Request query_ = MPI_REQUEST_NULL;
+  struct PendingReplies;  // answers in flight (watchdog.cpp); the watchdog thread's alone
+  std::unique_ptr<PendingReplies> pending_;
   std::thread thread_;
 };
 

@@ -52,17 +52,20 @@ std::string describe_wait(const WireState& w) {
   return w.peer >= 0 ? fmt::format("{} rank {}", w.waiting_on, w.peer) : std::string(w.waiting_on);
 }
 
-// Answers in flight: each keeps its buffer until MPI is done with it.
+// An answer in flight keeps its buffer until MPI is done with it.
 struct PendingReply {
   WireState state;
   MPI_Request request = MPI_REQUEST_NULL;
 };
-std::list<PendingReply> pending_replies;  // touched by the watchdog thread only
 
 }  // namespace
 
+struct CollectiveWatchdog::PendingReplies {
+  std::list<PendingReply> replies;
+};
+
 CollectiveWatchdog::CollectiveWatchdog(MpiComm& comm, double timeout_s)
-    : comm_(comm), timeout_s_(timeout_s) {
+    : comm_(comm), timeout_s_(timeout_s), pending_(std::make_unique<PendingReplies>()) {
   RINGTRAIN_CHECK(timeout_s > 0, "--collective-timeout must be positive, got {}", timeout_s);
   RINGTRAIN_CHECK_MPI(MPI_Comm_dup(comm.handle(), &watch_));
   RINGTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(watch_, MPI_ERRORS_RETURN));
@@ -80,6 +83,7 @@ CollectiveWatchdog::~CollectiveWatchdog() {
   }
   // Answers are a few bytes, sent eagerly: they complete locally; give them a moment, then
   // leave any that do not (their peer is gone) to MPI.
+  auto& pending_replies = pending_->replies;
   const auto give_up = Clock::now() + std::chrono::milliseconds(200);
   while (!pending_replies.empty() && Clock::now() < give_up) {
     for (auto it = pending_replies.begin(); it != pending_replies.end();) {
@@ -92,6 +96,7 @@ CollectiveWatchdog::~CollectiveWatchdog() {
 }
 
 void CollectiveWatchdog::serve_queries() {
+  auto& pending_replies = pending_->replies;
   for (auto it = pending_replies.begin(); it != pending_replies.end();) {
     int done = 0;
     MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
