@@ -194,13 +194,11 @@ class DeviceRingScratch {
   std::vector<CommRequest> sends_, recvs_;
 };
 
-// The ring allreduce of ring.h over a Comm whose buffers may live on a device: the same chunks
-// (ring_chunk), steps, segments and window, and the same order of isend/irecv/wait/add calls as
-// src/ring.cpp, with two differences that ring.cpp cannot express today: the receive slots come
-// from DeviceRingScratch (RingScratch's are a host std::vector) and the average's division is
-// comm.divide_inplace (ring.cpp divides in a host loop). Over NcclComm it enqueues everything on
-// the comm stream and returns without waiting; over a host transport (ThreadComm, MpiComm,
-// with a host-memory scratch) it computes exactly ring_allreduce's bits.
+// The ring allreduce of ring.h over a Comm whose buffers may live on a device: the very same
+// schedule (detail::ring_allreduce, the code ring_allreduce runs), with the receive slots from
+// DeviceRingScratch, reserved up front. Over NcclComm it enqueues everything on the comm stream
+// and returns without waiting; over a host transport (ThreadComm, MpiComm, with a host-memory
+// scratch) it computes exactly ring_allreduce's bits.
 void ring_allreduce_device(Comm& comm, float* data, size_t count, ReduceOp op,
                            DeviceRingScratch& scratch, const RingOptions& options = {});
 

@@ -367,87 +367,15 @@ std::vector<CommRequest>& DeviceRingScratch::recvs(size_t n) {
   return recvs_;
 }
 
-// ---- the device ring ----
-
-namespace {
-
-int ring_mod(int value, int n) {
-  return ((value % n) + n) % n;
-}
-
-int segment_tag(size_t segment) {
-  return static_cast<int>(segment % 32768);
-}
-
-// src/ring.cpp's ring_step, call for call (keep them in step), with slots from the device
-// scratch. The order of calls is what makes the NCCL grouping above deadlock-free.
-void ring_step(Comm& comm, const float* send, size_t send_n, float* recv, size_t recv_n,
-               bool reduce, DeviceRingScratch& scratch, const RingOptions& options) {
-  const int right = (comm.rank() + 1) % comm.size();
-  const int left = (comm.rank() - 1 + comm.size()) % comm.size();
-  const size_t segment = options.segment_elements;
-  const auto window = static_cast<size_t>(options.window);
-  const size_t send_segments = (send_n + segment - 1) / segment;
-  const size_t recv_segments = (recv_n + segment - 1) / segment;
-  float* slots = reduce ? scratch.slots(std::min(window * segment, recv_n)) : nullptr;
-  auto& sends = scratch.sends(window);
-  auto& recvs = scratch.recvs(window);
-
-  const auto length = [segment](size_t total, size_t k) {
-    return std::min(segment, total - k * segment);
-  };
-  const auto post_recv = [&](size_t k) {
-    float* target = reduce ? slots + (k % window) * segment : recv + k * segment;
-    recvs[k % window] = comm.irecv(target, length(recv_n, k), left, segment_tag(k));
-  };
-  const auto post_send = [&](size_t k) {
-    sends[k % window] = comm.isend(send + k * segment, length(send_n, k), right, segment_tag(k));
-  };
-
-  for (size_t k = 0; k < std::min(window, recv_segments); ++k) post_recv(k);
-  for (size_t k = 0; k < std::min(window, send_segments); ++k) post_send(k);
-  for (size_t k = 0; k < std::max(send_segments, recv_segments); ++k) {
-    if (k < recv_segments) {
-      comm.wait(recvs[k % window]);
-      if (reduce)
-        comm.add_inplace(recv + k * segment, slots + (k % window) * segment, length(recv_n, k));
-      if (k + window < recv_segments) post_recv(k + window);
-    }
-    if (k < send_segments) {
-      comm.wait(sends[k % window]);
-      if (k + window < send_segments) post_send(k + window);
-    }
-  }
-}
-
-}  // namespace
+// ---- the device ring: ring.h's schedule with slots in device memory ----
 
 void ring_allreduce_device(Comm& comm, float* data, size_t count, ReduceOp op,
                            DeviceRingScratch& scratch, const RingOptions& options) {
-  RINGTRAIN_CHECK(options.segment_elements > 0 && options.window > 0,
-                  "ring segments of {} elements with a window of {}: both must be positive",
-                  options.segment_elements, options.window);
-  const int n = comm.size(), r = comm.rank();
+  detail::check_ring_options(options);
   // Slots for the largest chunk now, so that no step grows them (cudaFree mid-ring would
   // synchronise the device).
-  scratch.reserve(count, n, options);
-  for (int step = 0; step + 1 < n; ++step) {  // scatter-reduce
-    const ChunkRange out = ring_chunk(count, n, ring_mod(r - step, n));
-    const ChunkRange in = ring_chunk(count, n, ring_mod(r - step - 1, n));
-    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/true, scratch,
-              options);
-  }
-  if (op == ReduceOp::kAvg && n > 1) {
-    // Only the owner scales its finished chunk, so the allgather hands out identical bits.
-    const ChunkRange owned = ring_chunk(count, n, (r + 1) % n);
-    comm.divide_inplace(data + owned.begin, owned.size, static_cast<float>(n));
-  }
-  for (int step = 0; step + 1 < n; ++step) {  // allgather
-    const ChunkRange out = ring_chunk(count, n, ring_mod(r + 1 - step, n));
-    const ChunkRange in = ring_chunk(count, n, ring_mod(r - step, n));
-    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/false, scratch,
-              options);
-  }
+  scratch.reserve(count, comm.size(), options);
+  detail::ring_allreduce(comm, data, count, op, scratch, options);
 }
 
 }  // namespace ringtrain
