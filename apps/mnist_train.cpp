@@ -739,6 +739,7 @@ int run(Options o, MpiComm& comm) {
   // NaN or Inf; all see the same flags and so skip the same steps.
   int64_t bad_in_a_row = 0, skipped_steps = 0, current_step = start_step;
   BeforeUpdateFn guard;
+  std::vector<uint8_t> finite_flags(static_cast<size_t>(ranks));  // reused: no per-step allocation
   if (o.check_finite) {
     guard = [&](const StepStats& stats, std::span<const float> grads) {
       // Bit 0: this rank's loss; bit 1: the averaged gradients (the same on every rank).
@@ -746,11 +747,11 @@ int run(Options o, MpiComm& comm) {
       const bool grads_finite = stats.grads_finite ? *stats.grads_finite : all_finite(grads);
       const uint8_t bad =
           static_cast<uint8_t>((std::isfinite(stats.loss) ? 0 : 1) | (grads_finite ? 0 : 2));
-      std::vector<uint8_t> flags;
       {
         const PhaseScope phase(comm.board(), "finite check");
-        flags = allgather_value(comm, bad);
+        comm.allgather(&bad, finite_flags.data(), sizeof(bad));
       }
+      const std::vector<uint8_t>& flags = finite_flags;
       std::string bad_ranks;
       bool any = false;
       for (int r = 0; r < ranks; ++r) {

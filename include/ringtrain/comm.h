@@ -74,6 +74,21 @@ class PhaseScope {
   const char* previous_;
 };
 
+// Posts a wait on a board for as long as a scope lasts, however it ends (the transports' and
+// the GPU steps' blocking waits).
+class WaitScope {
+ public:
+  WaitScope(ProgressBoard& board, const char* what, int peer) : board_(board) {
+    board_.enter_wait(what, peer);
+  }
+  ~WaitScope() { board_.leave_wait(); }
+  WaitScope(const WaitScope&) = delete;
+  WaitScope& operator=(const WaitScope&) = delete;
+
+ private:
+  ProgressBoard& board_;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;

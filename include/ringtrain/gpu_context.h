@@ -42,4 +42,11 @@ class GpuContext {
 // Makes `gpu` the current device of the calling thread (the communication thread calls it).
 void set_current_gpu(int gpu);
 
+// Waits until `stream` has run everything queued on it. With a progress board the wait polls
+// cudaStreamQuery, posted on the board as `what`, so that a stream stuck behind a collective
+// whose peer stalled or died is seen by the collective watchdog (a cudaStreamSynchronize would
+// block out of its sight, forever); timeout_s > 0 also throws after that long without
+// completion. Without a board it is a plain cudaStreamSynchronize.
+void wait_for_stream(void* stream, ProgressBoard* board, const char* what, double timeout_s = 0);
+
 }  // namespace ringtrain

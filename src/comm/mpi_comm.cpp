@@ -71,20 +71,6 @@ const char* direction(bool send) {
   return send ? "a send to" : "a receive from";
 }
 
-// Posts a wait on the progress board for as long as it lasts, however it ends.
-class WaitPost {
- public:
-  WaitPost(ProgressBoard& board, const char* what, int peer) : board_(board) {
-    board_.enter_wait(what, peer);
-  }
-  ~WaitPost() { board_.leave_wait(); }
-  WaitPost(const WaitPost&) = delete;
-  WaitPost& operator=(const WaitPost&) = delete;
-
- private:
-  ProgressBoard& board_;
-};
-
 }  // namespace
 
 std::string mpi_error_string(int code) {
@@ -234,7 +220,7 @@ void MpiComm::wait(CommRequest& request) {
   }
   // Whatever happens below, the caller's handle is spent.
   request.id = -1;
-  const WaitPost post(board(), direction(transfer.send), transfer.peer);
+  const WaitScope post(board(), direction(transfer.send), transfer.peer);
 
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -299,7 +285,7 @@ void MpiComm::set_timeout(double seconds) {
 }
 
 void MpiComm::complete_collective(MPI_Request& request, const char* what) {
-  const WaitPost post(board(), what, -1);
+  const WaitScope post(board(), what, -1);
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(timeout_s_));
@@ -324,7 +310,7 @@ void MpiComm::complete_collective(MPI_Request& request, const char* what) {
 // has no deadline of ours; the ring's own waits do.
 void MpiComm::allreduce_library(float* data, size_t n, ReduceOp op) {
   // Blocking: no deadline of ours, but the watchdog sees the post and ends a stuck job.
-  const WaitPost post(board(), "MPI_Allreduce", -1);
+  const WaitScope post(board(), "MPI_Allreduce", -1);
   for (size_t offset = 0; offset < n; offset += kMaxPieceFloats) {
     const auto piece = static_cast<int>(std::min(kMaxPieceFloats, n - offset));
     RINGTRAIN_CHECK_MPI(

@@ -1,8 +1,12 @@
 // GpuContext (gpu_context.h): device selection, the two streams, the cuBLAS and cuDNN handles.
 #include "ringtrain/gpu_context.h"
 
+#include <chrono>
+#include <thread>
+
 #include <fmt/format.h>
 
+#include "ringtrain/comm.h"
 #include "ringtrain/cuda_check.h"
 
 namespace ringtrain {
@@ -75,6 +79,30 @@ std::string GpuContext::describe() const {
 void GpuContext::synchronize() {
   RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream)));
   RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.comm_stream)));
+}
+
+void wait_for_stream(void* stream_handle, ProgressBoard* board, const char* what,
+                     double timeout_s) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  if (board == nullptr) {
+    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    return;
+  }
+  const WaitScope post(*board, what, -1);
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  for (;;) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) RINGTRAIN_CHECK_CUDA(status);
+    const auto waited = Clock::now() - start;
+    RINGTRAIN_CHECK(timeout_s <= 0 || waited < std::chrono::duration<double>(timeout_s),
+                    "{} made no progress for {:g} s (the stream is stuck behind earlier work)",
+                    what, timeout_s);
+    // Spin briefly (the stream's tail is usually microseconds away), then yield the core.
+    if (waited >= std::chrono::microseconds(200))
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 }  // namespace ringtrain

@@ -47,19 +47,6 @@ constexpr auto kBackoff = std::chrono::microseconds(50);
 // How long the destructor waits for the stream before it aborts instead of destroying.
 constexpr double kDestroyTimeoutS = 30.0;
 
-class WaitPost {
- public:
-  WaitPost(ProgressBoard& board, const char* what, int peer) : board_(board) {
-    board_.enter_wait(what, peer);
-  }
-  ~WaitPost() { board_.leave_wait(); }
-  WaitPost(const WaitPost&) = delete;
-  WaitPost& operator=(const WaitPost&) = delete;
-
- private:
-  ProgressBoard& board_;
-};
-
 // What rank 0 broadcasts: the unique id and whether getting it worked.
 struct IdMessage {
   int32_t status = 0;  // ncclResult_t
@@ -125,7 +112,7 @@ NcclComm::NcclComm(Comm& host, const NcclOptions& options)
     RINGTRAIN_CHECK_CUDA(cudaMemsetAsync(barrier_word_, 0, sizeof(float), stream_));
     {
       // Blocking inside NCCL (it connects to every rank); the watchdog sees the post.
-      const WaitPost post(*posts_, "ncclCommInitRank", -1);
+      const WaitScope post(*posts_, "ncclCommInitRank", -1);
       RINGTRAIN_CHECK_NCCL(ncclCommInitRank(&comm_, size_, message.id, rank_));
     }
   } catch (...) {
@@ -210,7 +197,7 @@ void NcclComm::launch_pending() {
   if (!batcher_.has_pending()) return;
   // ncclGroupEnd may block on the host while NCCL connects to a peer for the first time: post
   // it, so that the watchdog sees where a rank is stuck.
-  const WaitPost post(*posts_, "an NCCL group of sends and receives", -1);
+  const WaitScope post(*posts_, "an NCCL group of sends and receives", -1);
   RINGTRAIN_CHECK_NCCL(ncclGroupStart());
   ncclResult_t status = ncclSuccess;
   for (const P2pBatcher::Op& op : batcher_.pending()) {
@@ -274,7 +261,7 @@ void NcclComm::barrier() {
 void NcclComm::synchronize() {
   check_usable("synchronize");
   launch_pending();
-  const WaitPost post(*posts_, "the NCCL stream", -1);
+  const WaitScope post(*posts_, "the NCCL stream", -1);
   const auto start = Clock::now();
   const auto deadline = deadline_after(timeout_s_);
   for (;;) {

@@ -67,20 +67,10 @@ class DeviceAdam final : public Optimizer {
   void step(std::span<float> params, std::span<const float> grads, float lr) override {
     check_device_step(params, grads, lr, num_params_);
     ++steps_;
-    // The per-step constants exactly as the CPU Adam computes them (optim.cpp).
-    const double t = static_cast<double>(steps_);
-    const double bias1 = 1.0 - std::pow(static_cast<double>(config_.beta1), t);
-    const double bias2 = 1.0 - std::pow(static_cast<double>(config_.beta2), t);
-    const gpu::AdamConstants c{
-        .weight_decay = config_.weight_decay,
-        .beta1 = config_.beta1,
-        .one_minus_beta1 = 1.0f - config_.beta1,
-        .beta2 = config_.beta2,
-        .one_minus_beta2 = 1.0f - config_.beta2,
-        .step_size = static_cast<float>(static_cast<double>(lr) / bias1),
-        .inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2)),
-        .epsilon = config_.epsilon,
-    };
+    // The per-step constants exactly as the CPU Adam computes them (gpu::adam_constants,
+    // checked against optim.cpp by the kernel tests).
+    const gpu::AdamConstants c = gpu::adam_constants(lr, config_.beta1, config_.beta2,
+                                                     config_.epsilon, config_.weight_decay, steps_);
     gpu::adam_update(params.data(), grads.data(), m_.data(), v_.data(), num_params_, c, stream_);
   }
   std::vector<std::span<float>> state() override {

@@ -10,44 +10,14 @@
 #include "ringtrain/staged_ring.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "ringtrain/cuda_check.h"
+#include "ringtrain/gpu_context.h"
 
 namespace ringtrain {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-void wait_for_stream(Comm& comm, cudaStream_t stream, double timeout_s) {
-  comm.board().enter_wait("the copy of the buffer to the host", -1);
-  struct Leave {
-    ProgressBoard& board;
-    ~Leave() { board.leave_wait(); }
-  } leave{comm.board()};
-  const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  for (;;) {
-    const cudaError_t state = cudaStreamQuery(stream);
-    if (state == cudaSuccess) return;
-    if (state != cudaErrorNotReady) RINGTRAIN_CHECK_CUDA(state);
-    const auto now = Clock::now();
-    RINGTRAIN_CHECK(now < deadline,
-                    "rank {}: the copy of the buffer to the host made no progress for {:g} s "
-                    "(the stream is stuck behind earlier work)",
-                    comm.rank(), timeout_s);
-    if (now - start >= std::chrono::microseconds(200))
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
-}  // namespace
 
 HostStaging::~HostStaging() {
   // Nothing may throw here; the last copy back must be done before the memory goes.
@@ -94,7 +64,8 @@ void staged_ring_allreduce(Comm& host_comm, float* device_data, size_t n, Reduce
     RINGTRAIN_CHECK_CUDA(
         cudaMemcpyAsync(host, device_data, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
   }
-  wait_for_stream(host_comm, stream, options.timeout_s);
+  wait_for_stream(stream, &host_comm.board(), "the copy of the buffer to the host",
+                  options.timeout_s);
   // Every rank takes part in the ring, even with n == 0 (the ring handles empty buffers).
   ring_allreduce(host_comm, host, n, op, scratch, ring);
   if (n > 0) {

@@ -1,44 +1,16 @@
 // The training step and evaluation on the GPU (train.h). Host memory is touched only for the
 // batch (uploaded) and the loss statistics (read back once per step, into pinned memory).
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "kernels.h"
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/device_bucketer.h"
+#include "ringtrain/gpu_context.h"
 #include "ringtrain/train.h"
 
 namespace ringtrain {
-
-namespace {
-// Waits until `stream` has run everything queued on it. With a progress board the wait is a
-// poll posted there, so that when the stream is stuck behind a collective whose peer stalled or
-// died, the collective watchdog sees this rank waiting and ends the job with its report (a
-// plain cudaStreamSynchronize would block out of its sight, forever).
-void wait_for_stream(cudaStream_t stream, ProgressBoard* board) {
-  if (board == nullptr) {
-    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
-    return;
-  }
-  board->enter_wait("the GPU streams", -1);
-  struct Leave {
-    ProgressBoard* board;
-    ~Leave() { board->leave_wait(); }
-  } leave{board};
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    const cudaError_t status = cudaStreamQuery(stream);
-    if (status == cudaSuccess) return;
-    if (status != cudaErrorNotReady) RINGTRAIN_CHECK_CUDA(status);
-    // Spin briefly (a step's tail is usually microseconds away), then yield the core.
-    if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(200))
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-}  // namespace
 
 // The step's device buffers, allocated on first use and grown only when a batch is larger.
 struct DeviceStepState {
@@ -141,7 +113,7 @@ struct DeviceStepState {
       RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(host_nonfinite, nonfinite, sizeof(unsigned long long),
                                            cudaMemcpyDeviceToHost, stream));
     }
-    wait_for_stream(stream, board);
+    wait_for_stream(stream, board, "the GPU streams");
   }
 };
 
@@ -221,7 +193,7 @@ StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& bat
     if (bucketer != nullptr) stats.comm = bucketer->stats();
   } else {
     // The update is queued; wait for it so the step's time covers it, as on the CPU.
-    wait_for_stream(stream, ctx.board);
+    wait_for_stream(stream, ctx.board, "the GPU streams");
   }
   float device_ms = 0.0f;
   RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&device_ms, state.step_start, state.step_end));
