@@ -31,6 +31,7 @@
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
 #include "ringtrain/watchdog.h"
+#include "mnist_train.h"
 
 #ifdef RINGTRAIN_HAVE_GPU
 #include "ringtrain/device_bucketer.h"
@@ -39,59 +40,57 @@
 #include "ringtrain/staged_ring.h"
 #endif
 
+namespace ringtrain::app {
+
+[[noreturn]] void refuse(const std::string& message) {
+  throw Error(message, ExitCode::kBadInput, /*on_every_rank=*/true);
+}
+
+std::string describe_schedule(const LrSchedule& s) {
+  return fmt::format("{} lr {} decay {} per {} staircase {} warmup {} batch {} reference {}",
+                     s.kind, s.base_lr, s.decay_rate, s.decay_steps, s.staircase, s.warmup_steps,
+                     s.global_batch, s.reference_batch);
+}
+
+void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& model,
+                           const Optimizer& optimizer, size_t optimizer_buffers) {
+  if (c.model != o.model || c.layers != model.signature() || c.num_params != model.num_params())
+    refuse(fmt::format(
+        "the checkpoint at step {} is of model {} ({}, {} parameters); this run "
+        "builds {} ({}, {} parameters): use the same --model and --hidden, or "
+        "another --checkpoint-dir",
+        c.step, c.model, c.layers, c.num_params, o.model, model.signature(), model.num_params()));
+  if (c.optimizer != optimizer.name() || c.optimizer_state.size() != optimizer_buffers)
+    refuse(fmt::format(
+        "the checkpoint at step {} holds {} state with {} buffer(s); this run's "
+        "{} needs {}: use the optimizer flags of the run that wrote it",
+        c.step, c.optimizer, c.optimizer_state.size(), optimizer.name(), optimizer_buffers));
+  if (c.seed != o.seed)
+    refuse(
+        fmt::format("the checkpoint at step {} was written with --seed {}, this run has "
+                    "--seed {}: the data order would change; pass --seed {}",
+                    c.step, c.seed, o.seed, c.seed));
+}
+
+void inject_test_failures(const Options& o, int rank, int64_t step) {
+  if (rank == o.test_fail_rank && step == o.test_fail_at_step)
+    RINGTRAIN_FAIL("--test-fail-rank: rank {} fails on purpose at step {}", rank, step);
+  if (rank == o.test_stall_rank && step == o.test_stall_at_step) {
+    spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s at step {}", rank,
+                 o.test_stall_seconds, step);
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.test_stall_seconds));
+  }
+  if (rank == o.test_slow_rank)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.test_slow_ms));
+}
+
+}  // namespace ringtrain::app
+
 namespace {
 
 using namespace ringtrain;
+using namespace ringtrain::app;
 using Clock = std::chrono::steady_clock;
-
-struct Options {
-  std::string data_dir;
-  std::string model = "mlp";
-  std::vector<int64_t> hidden;
-  int64_t epochs = 1;
-  int64_t steps = 0;
-  int64_t batch_size = 32;
-  OptimizerConfig optimizer;
-  LrSchedule schedule;
-  double warmup_epochs = 0.0;
-  float ema_decay = 0.0f;
-  uint64_t seed = 42;
-  int threads = 1;
-  std::string device = "auto";
-  int64_t log_every = 100;
-  int64_t eval_every = 0;
-  int64_t eval_batch = 1000;
-  std::string metrics_out;
-  std::string save_params;
-  std::string log_level = "info";
-  std::string allreduce = "ring";
-  std::string overlap = "auto";
-  bool no_overlap = false;
-  double fusion_threshold_mb = 4.0;
-  double first_bucket_mb = 0.25;
-  std::string lr_scaling = "none";
-  int64_t check_replicas = 0;
-  // Checkpoints and failures.
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;
-  double checkpoint_secs = 0.0;
-  int keep_checkpoints = 3;
-  std::string resume = "auto";
-  double collective_timeout = 60.0;
-  bool check_finite = false;
-  int64_t max_bad_steps = 5;
-  bool batch_size_given = false;  // set from the command line: --batch-size was passed
-  // Testing only.
-  double test_comm_delay_ms = 0.0;
-  int test_perturb_rank = -1;
-  int test_fail_rank = -1;
-  int64_t test_fail_at_step = -1;
-  int test_stall_rank = -1;
-  int64_t test_stall_at_step = -1;
-  double test_stall_seconds = 0.0;
-  int test_nan_rank = -1;
-  std::vector<int64_t> test_nan_steps;
-};
 
 // CLI11's PositiveNumber lets "inf" through, and its messages for combined checks print
 // DBL_MAX in full: one check, one plain message.
@@ -190,6 +189,29 @@ void add_flags(CLI::App& app, Options& o) {
                  "Every K steps (and at the end), check that all ranks hold identical "
                  "parameters (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--strategy", o.strategy,
+                 "ring: every rank a replica, gradients averaged by the ring (default); ps: the "
+                 "first --num-ps ranks are parameter servers, the rest workers; local-sgd: every "
+                 "rank steps alone and the parameters are averaged every --average-every steps")
+      ->check(CLI::IsMember({"ring", "ps", "local-sgd"}));
+  app.add_option("--num-ps", o.num_ps, "--strategy ps: how many of the ranks are servers")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ps-mode", o.ps_mode,
+                 "--strategy ps: sync (each update averages the first "
+                 "--replicas-to-aggregate gradients of the step) or async (each gradient is "
+                 "applied on arrival, at most --max-staleness updates old)")
+      ->check(CLI::IsMember({"sync", "async"}));
+  app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
+                 "--ps-mode sync: gradients per update (default: every worker; fewer leaves "
+                 "backup workers, whose late gradients are dropped)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-staleness", o.max_staleness,
+                 "--ps-mode async: the most updates a gradient's parameters may be behind the "
+                 "server's; an older one is sent back and recomputed (default: 2 x workers)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--average-every", o.average_every,
+                 "--strategy local-sgd: steps between parameter averages (1: every step)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Write checkpoints here (the chief, rank 0, writes) and resume from them");
   app.add_option("--checkpoint-every", o.checkpoint_every,
@@ -230,6 +252,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--test-stall-at-step", o.test_stall_at_step, "...when it starts this step...")
       ->group("");
   app.add_option("--test-stall-seconds", o.test_stall_seconds, "...for this long")->group("");
+  app.add_option("--test-slow-rank", o.test_slow_rank,
+                 "Testing only: this rank sleeps --test-slow-ms before every step")
+      ->group("");
+  app.add_option("--test-slow-ms", o.test_slow_ms, "...this long")->group("");
   app.add_option("--test-nan-rank", o.test_nan_rank,
                  "Testing only: this rank puts a NaN into its batch...")
       ->group("");
@@ -263,11 +289,6 @@ std::string describe_optimizer(const OptimizerConfig& c) {
                      c.nesterov, c.weight_decay, c.beta1, c.beta2, c.epsilon);
 }
 
-std::string describe_schedule(const LrSchedule& s) {
-  return fmt::format("{} lr {} decay {} per {} staircase {} warmup {} batch {} reference {}",
-                     s.kind, s.base_lr, s.decay_rate, s.decay_steps, s.staircase, s.warmup_steps,
-                     s.global_batch, s.reference_batch);
-}
 
 template <typename T>
 std::string join(const std::vector<T>& values) {
@@ -306,6 +327,13 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       {"--eval-every/--eval-batch", fmt::format("{} / {}", o.eval_every, o.eval_batch)},
       {"--check-finite", fmt::format("{} (max {} bad steps)", o.check_finite, o.max_bad_steps)},
       {"--resume", o.resume},
+      // The servers send the chief snapshots only when they know it writes checkpoints.
+      {"--checkpoint-dir/--checkpoint-every (ps)",
+       o.strategy == "ps" ? fmt::format("{} / {}", !o.checkpoint_dir.empty(), o.checkpoint_every)
+                          : std::string()},
+      {"strategy", fmt::format("{} num-ps {} mode {} aggregate {} staleness {} average-every {}",
+                               o.strategy, o.num_ps, o.ps_mode, o.replicas_to_aggregate,
+                               o.max_staleness, o.average_every)},
   };
 }
 
@@ -376,31 +404,6 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
       payload, o.resume != "auto" && o.resume != "never" ? o.resume : "(broadcast from rank 0)");
 }
 
-// A checkpoint that cannot continue this run is refused with the reason; every rank decides
-// the same from the same bytes and flags.
-[[noreturn]] void refuse(const std::string& message) {
-  throw Error(message, ExitCode::kBadInput, /*on_every_rank=*/true);
-}
-
-void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& model,
-                           const Optimizer& optimizer, size_t optimizer_buffers) {
-  if (c.model != o.model || c.layers != model.signature() || c.num_params != model.num_params())
-    refuse(fmt::format(
-        "the checkpoint at step {} is of model {} ({}, {} parameters); this run "
-        "builds {} ({}, {} parameters): use the same --model and --hidden, or "
-        "another --checkpoint-dir",
-        c.step, c.model, c.layers, c.num_params, o.model, model.signature(), model.num_params()));
-  if (c.optimizer != optimizer.name() || c.optimizer_state.size() != optimizer_buffers)
-    refuse(fmt::format(
-        "the checkpoint at step {} holds {} state with {} buffer(s); this run's "
-        "{} needs {}: use the optimizer flags of the run that wrote it",
-        c.step, c.optimizer, c.optimizer_state.size(), optimizer.name(), optimizer_buffers));
-  if (c.seed != o.seed)
-    refuse(
-        fmt::format("the checkpoint at step {} was written with --seed {}, this run has "
-                    "--seed {}: the data order would change; pass --seed {}",
-                    c.step, c.seed, o.seed, c.seed));
-}
 
 // Means per step of the step's parts, in milliseconds.
 struct StepTimes {
@@ -423,12 +426,60 @@ bool all_finite(std::span<const float> values) {
   return finite;
 }
 
+// The flags of the strategies, checked against each other before anything starts (every rank
+// decides the same from the same flags).
+void check_strategy_flags(Options& o, int ranks) {
+  const auto usage = [](const std::string& message) {
+    throw Error(message, ExitCode::kUsage, /*on_every_rank=*/true);
+  };
+  const bool ps = o.strategy == "ps", local_sgd = o.strategy == "local-sgd";
+  for (const std::string& flag : o.flags_given) {
+    if (!ps && (flag == "--num-ps" || flag == "--ps-mode" || flag == "--replicas-to-aggregate" ||
+                flag == "--max-staleness"))
+      usage(fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag,
+                        o.strategy));
+    if (!local_sgd && flag == "--average-every")
+      usage(fmt::format("--average-every is a flag of --strategy local-sgd (this run: --strategy "
+                        "{})",
+                        o.strategy));
+    if (ps && o.ps_mode != "sync" && flag == "--replicas-to-aggregate")
+      usage("--replicas-to-aggregate is a flag of --ps-mode sync");
+    if (ps && o.ps_mode != "async" && flag == "--max-staleness")
+      usage("--max-staleness is a flag of --ps-mode async");
+  }
+  if (o.strategy == "ring") return;
+  if (ps) {
+    if (o.num_ps >= ranks)
+      usage(fmt::format("--num-ps {} leaves no worker among the {} rank(s) of this job: start "
+                        "more ranks (mpirun -np {}) or use fewer servers",
+                        o.num_ps, ranks, o.num_ps + 1));
+    const int workers = ranks - o.num_ps;
+    if (o.replicas_to_aggregate > workers)
+      usage(fmt::format("--replicas-to-aggregate {} is more than the {} worker(s) ({} ranks - "
+                        "--num-ps {})",
+                        o.replicas_to_aggregate, workers, ranks, o.num_ps));
+    if (o.check_finite) usage("--check-finite is not supported with --strategy ps yet");
+    if (o.checkpoint_secs > 0)
+      usage("--checkpoint-secs is not supported with --strategy ps: use --checkpoint-every");
+  }
+  if (o.ema_decay > 0.0f)
+    usage(fmt::format("--ema-decay needs --strategy ring (this run: --strategy {})", o.strategy));
+  // Both strategies move host buffers (the servers' shards, the averaged parameters).
+  if (o.device == "cuda")
+    usage(fmt::format("--strategy {} runs on the CPU for now; use --device cpu", o.strategy));
+  o.device = "cpu";
+}
+
 int run(Options o, MpiComm& comm) {
   const int rank = comm.rank(), ranks = comm.size();
-  // Every rank logs warnings and errors; progress comes from rank 0 only.
+  const bool ps = o.strategy == "ps";
+  // Under --strategy ps the chief is worker 0: world rank --num-ps.
+  const int chief = ps ? o.num_ps : 0;
+  // Every rank logs warnings and errors; progress comes from the chief only.
   setup_logging(rank, o.log_level);
-  if (rank != 0 && spdlog::get_level() < spdlog::level::warn)
+  if (rank != chief && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);
+  check_strategy_flags(o, ranks);
   // The transport's own deadline is a backstop behind the watchdog, which reports more.
   comm.set_timeout(o.collective_timeout + 30.0);
   std::optional<CollectiveWatchdog> watchdog;
@@ -455,7 +506,8 @@ int run(Options o, MpiComm& comm) {
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
                                     std::pair{"--test-nan-rank", o.test_nan_rank},
-                                    std::pair{"--test-perturb-rank", o.test_perturb_rank}}) {
+                                    std::pair{"--test-perturb-rank", o.test_perturb_rank},
+                                    std::pair{"--test-slow-rank", o.test_slow_rank}}) {
     RINGTRAIN_CHECK(value < ranks, "{} {} names a rank outside the {} ranks of this job", flag,
                     value, ranks);
   }
@@ -479,44 +531,55 @@ int run(Options o, MpiComm& comm) {
                  .classes = 10,
                  .device = ctx.device};
   std::unique_ptr<Model> model = make_model(spec);
+  // --strategy ps: the job's communicator with the chief (worker 0, world rank --num-ps) first,
+  // so that it is the one that reads checkpoints; the servers' waits are posted on the board
+  // the watchdog reads.
+  std::optional<MpiComm> job;
+  if (ps) {
+    job.emplace(comm, 0, (rank - o.num_ps + ranks) % ranks);
+    job->post_on_board_of(comm);
+  }
+  Comm& control = job ? static_cast<Comm&>(*job) : comm;
+  // The ranks that share the global batch: the workers.
+  const int data_ranks = ps ? ranks - o.num_ps : ranks;
   // The first collective: nothing that depends on the flags runs before the ranks agree on them.
-  check_config_consistency(comm, config_fields(o, *model, data, ctx.device));
-  if (rank == 0 && ranks > 1)
+  check_config_consistency(control, config_fields(o, *model, data, ctx.device));
+  if (rank == chief && ranks > 1)
     spdlog::info("configuration check: all {} ranks agree ({})", ranks, RINGTRAIN_CODE_VERSION);
 
-  const std::optional<Checkpoint> resumed = resolve_checkpoint(comm, o);
+  const std::optional<Checkpoint> resumed = resolve_checkpoint(control, o);
   if (resumed) {
     // The global batch and the data order are the checkpoint's; the per-rank batch follows
     // the rank count.
     const int64_t global = resumed->global_batch;
-    if (o.batch_size_given && o.batch_size * ranks != global)
+    if (o.batch_size_given && o.batch_size * data_ranks != global)
       refuse(
           fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
                       "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
                       "pass --batch-size {} or leave it out",
-                      resumed->step, global, resumed->ranks, ranks, o.batch_size,
-                      o.batch_size * ranks, global % ranks == 0 ? global / ranks : 0));
-    if (global % ranks != 0)
+                      resumed->step, global, resumed->ranks, data_ranks, o.batch_size,
+                      o.batch_size * data_ranks, global % data_ranks == 0 ? global / data_ranks : 0));
+    if (global % data_ranks != 0)
       refuse(
           fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
                       "ranks cannot share evenly: resume on a rank count that divides {}",
-                      resumed->step, global, ranks, global));
-    if (resumed->ranks != ranks && rank == 0)
+                      resumed->step, global, data_ranks, global));
+    if (resumed->ranks != data_ranks && rank == chief)
       spdlog::warn(
           "resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
           "global batch of {} and the data order (the sums run in another order, so "
           "the bits differ from a {}-rank run)",
-          resumed->ranks, ranks, global / ranks, global, resumed->ranks);
-    o.batch_size = global / ranks;
+          resumed->ranks, data_ranks, global / data_ranks, global, resumed->ranks);
+    o.batch_size = global / data_ranks;
   }
 
-  const int64_t global_batch = o.batch_size * ranks;
+  const int64_t global_batch = o.batch_size * data_ranks;
   const int64_t steps_per_epoch = data.train.count / global_batch;
   if (steps_per_epoch < 1)
     refuse(
         fmt::format("the global batch ({} ranks x --batch-size {}) is larger than the {} "
                     "training images: use fewer ranks or a smaller --batch-size",
-                    ranks, o.batch_size, data.train.count));
+                    data_ranks, o.batch_size, data.train.count));
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * steps_per_epoch;
 
   LrSchedule schedule = o.schedule;
@@ -535,6 +598,20 @@ int run(Options o, MpiComm& comm) {
         static_cast<int64_t>(o.warmup_epochs * static_cast<double>(steps_per_epoch));
   }
   validate(schedule);
+  if (ps) {
+    return run_parameter_servers(
+        o, comm, *job,
+        StrategySetup{.data = data,
+                      .data_dir = data_dir,
+                      .model = *model,
+                      .ctx = ctx,
+                      .schedule = schedule,
+                      .resumed = resumed,
+                      .start_step = resumed ? resumed->step : 0,
+                      .total_steps = total_steps,
+                      .steps_per_epoch = steps_per_epoch,
+                      .global_batch = global_batch});
+  }
   std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model->num_params(), ctx);
   const bool on_gpu = ctx.device == Device::kCuda;
   // Host code reads and writes the parameters through this span only on the CPU; a device
@@ -678,7 +755,9 @@ int run(Options o, MpiComm& comm) {
 #endif
   RINGTRAIN_CHECK(!on_gpu || o.test_comm_delay_ms == 0,
                   "--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
-  if (!on_gpu && (ranks > 1 || o.test_comm_delay_ms > 0)) {
+  // local-sgd: no gradient averaging; the parameters are averaged every --average-every steps.
+  const bool local_sgd = o.strategy == "local-sgd";
+  if (!on_gpu && !local_sgd && (ranks > 1 || o.test_comm_delay_ms > 0)) {
     bucketer.emplace(model->grads().data(),
                      assign_buckets(model->grad_ranges(), mb_to_elements(o.first_bucket_mb),
                                     mb_to_elements(o.fusion_threshold_mb)),
@@ -696,6 +775,11 @@ int run(Options o, MpiComm& comm) {
       start_step > 0 ? fmt::format(" from step {}", start_step) : std::string(), ranks,
       o.batch_size, global_batch, optimizer->name(), schedule.base_lr, schedule.kind, o.threads,
       o.seed);
+  if (local_sgd && ranks > 1) {
+    spdlog::info("strategy local-sgd: each rank steps on its own batch; parameters and optimizer "
+                 "state are averaged by the ring every {} step(s) and at the end",
+                 o.average_every);
+  }
   if (bucketer || bucket_count > 0) {
     spdlog::info("gradients: {} bucket(s) averaged by {}{} {} ({}); watchdog {:g} s", bucket_count,
                  o.allreduce, transport, overlap ? "while backward runs" : "after backward",
@@ -804,6 +888,8 @@ int run(Options o, MpiComm& comm) {
   StepTimes times;
   double train_seconds = 0.0, window_loss = 0.0, last_loss = 0.0;
   int64_t window_correct = 0, window_samples = 0, window_steps = 0;
+  int64_t averages = 0;             // local-sgd: parameter averages done
+  bool pending_checkpoint = false;  // local-sgd: a checkpoint is due at the next average
 
   if (start_step >= total_steps && rank == 0)
     spdlog::info("the checkpoint is at step {}, the run ends at {}: nothing left to train",
@@ -811,13 +897,7 @@ int run(Options o, MpiComm& comm) {
   for (int64_t step = start_step; step < total_steps; ++step) {
     comm.board().set_step(step);
     current_step = step;
-    if (rank == o.test_fail_rank && step == o.test_fail_at_step)
-      RINGTRAIN_FAIL("--test-fail-rank: rank {} fails on purpose at step {}", rank, step);
-    if (rank == o.test_stall_rank && step == o.test_stall_at_step) {
-      spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s at step {}", rank,
-                   o.test_stall_seconds, step);
-      std::this_thread::sleep_for(std::chrono::duration<double>(o.test_stall_seconds));
-    }
+    inject_test_failures(o, rank, step);
     const auto start = Clock::now();
     const int64_t epoch = step / steps_per_epoch;
     const auto indices =
@@ -828,15 +908,30 @@ int run(Options o, MpiComm& comm) {
       batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(schedule, step);
 #ifdef RINGTRAIN_HAVE_GPU
-    const StepStats stats =
+    StepStats stats =
         on_gpu ? train_step_device(*model, *optimizer, batch, lr, workspace, ctx,
                                    device_bucketer ? &*device_bucketer : nullptr, guard)
                : train_step(*model, *optimizer, batch, lr, workspace, ctx,
                             bucketer ? &*bucketer : nullptr, guard);
 #else
-    const StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
+    StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
                                        bucketer ? &*bucketer : nullptr, guard);
 #endif
+    // local-sgd: every --average-every steps (and at the end) the ranks average their
+    // parameters and optimizer state with the ring, so that they leave identical, and so that
+    // a checkpoint of the chief's replica is the whole state.
+    const bool averaged = local_sgd && ranks > 1 &&
+                          ((step + 1) % o.average_every == 0 || step + 1 == total_steps);
+    if (averaged) {
+      const PhaseScope phase(comm.board(), "parameter average");
+      const auto average_start = Clock::now();
+      ring_allreduce(comm, params.data(), params.size(), ReduceOp::kAvg, ring_scratch);
+      for (const std::span<float> buffer : optimizer->state())
+        ring_allreduce(comm, buffer.data(), buffer.size(), ReduceOp::kAvg, ring_scratch);
+      stats.comm.comm_ms = stats.comm.exposed_ms =
+          std::chrono::duration<double, std::milli>(Clock::now() - average_start).count();
+      ++averages;
+    }
     if (ema && stats.updated) {
       if (on_gpu) {
         ema->update(model->params_to_host());
@@ -871,7 +966,10 @@ int run(Options o, MpiComm& comm) {
         params.back() += 1e-3f;
       }
     }
-    if (o.check_replicas > 0 && done % o.check_replicas == 0) check_replicas(comm, *model, done);
+    // Between averages local-sgd replicas differ by design: they are checked after an average.
+    const bool replicas_equal = !local_sgd || averaged || ranks == 1;
+    if (o.check_replicas > 0 && done % o.check_replicas == 0 && replicas_equal)
+      check_replicas(comm, *model, done);
     if (show_progress) {
       progress.update(
           done - start_step,
@@ -895,7 +993,7 @@ int run(Options o, MpiComm& comm) {
       window_loss = 0.0;
       window_correct = window_samples = window_steps = 0;
     }
-    if (o.eval_every > 0 && done % o.eval_every == 0 && done != total_steps) {
+    if (o.eval_every > 0 && done % o.eval_every == 0 && done != total_steps && replicas_equal) {
       const EvalResult eval =
           evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx);
       if (!show_progress) {
@@ -904,14 +1002,23 @@ int run(Options o, MpiComm& comm) {
       }
       metrics.write(
           "eval",
-          {{"step", done}, {"test_accuracy", eval.accuracy()}, {"test_loss", eval.mean_loss()}});
+          {{"step", done},
+           {"test_accuracy", eval.accuracy()},
+           {"test_loss", eval.mean_loss()},
+           {"train_seconds", train_seconds}});
     }
     const bool by_count = o.checkpoint_every > 0 && done % o.checkpoint_every == 0;
     const bool by_time =
         o.checkpoint_secs > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
             o.checkpoint_secs;
-    if (checkpoints && (by_count || by_time) && done != total_steps) {
+    if (checkpoints && (by_count || by_time || pending_checkpoint) && done != total_steps) {
+      // local-sgd writes at the next average (the replicas, and so the chief's, are whole then).
+      if (!replicas_equal) {
+        pending_checkpoint = true;
+        continue;
+      }
+      pending_checkpoint = false;
       write_checkpoint(done);
       last_checkpoint_time = Clock::now();
       last_checkpoint_step = done;
@@ -967,6 +1074,9 @@ int run(Options o, MpiComm& comm) {
                             {"overlap_efficiency", times.overlap_efficiency()},
                             {"overlap", overlap},
                             {"allreduce", o.allreduce},
+                            {"strategy", o.strategy},
+                            {"average_every", local_sgd ? o.average_every : int64_t{0}},
+                            {"parameter_averages", averages},
                             {"buckets", bucket_count},
                             {"threads", int64_t{o.threads}},
                             {"device", std::string(to_string(ctx.device))},
@@ -995,6 +1105,10 @@ int main(int argc, char** argv) {
     return printed == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   }
   options.batch_size_given = app.count("--batch-size") > 0;
+  for (const char* flag : {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness",
+                           "--average-every"}) {
+    if (app.count(flag) > 0) options.flags_given.emplace_back(flag);
+  }
   // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.
   MpiSession session(&argc, &argv);
   int rank = 0, ranks = 1;

@@ -17,14 +17,10 @@ namespace ringtrain {
 static_assert(std::endian::native == std::endian::little,
               "the parameter file is little-endian; add byte swapping for big-endian hosts");
 
-StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer,
-                     const BeforeUpdateFn& before_update) {
-  if (ctx.device == Device::kCuda) {
-    RINGTRAIN_CHECK(bucketer == nullptr,
-                    "a device step averages with a DeviceGradBucketer, not a GradBucketer");
-    return train_step_device(model, optimizer, batch, lr, workspace, ctx, nullptr, before_update);
-  }
+StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
+                            Context& ctx, GradBucketer* bucketer) {
+  RINGTRAIN_CHECK(ctx.device == Device::kCpu,
+                  "compute_gradients runs on the CPU; a device step is train_step_device");
   const Tensor& logits = model.forward(batch.images, ctx);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
@@ -40,6 +36,18 @@ StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, flo
   } else {
     model.backward(workspace.dlogits, ctx);
   }
+  return stats;
+}
+
+StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
+                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer,
+                     const BeforeUpdateFn& before_update) {
+  if (ctx.device == Device::kCuda) {
+    RINGTRAIN_CHECK(bucketer == nullptr,
+                    "a device step averages with a DeviceGradBucketer, not a GradBucketer");
+    return train_step_device(model, optimizer, batch, lr, workspace, ctx, nullptr, before_update);
+  }
+  StepStats stats = compute_gradients(model, batch, workspace, ctx, bucketer);
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
   if (before_update && !before_update(stats, {grads.data(), static_cast<size_t>(grads.numel())})) {

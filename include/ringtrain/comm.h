@@ -132,10 +132,14 @@ class Comm {
   virtual void barrier() = 0;
 
   // This rank's progress, for the watchdog; transports post their waits here.
-  ProgressBoard& board() { return board_; }
+  ProgressBoard& board() { return *board_; }
+  // Post on `other`'s board from now on: a communicator split from the watched one (the
+  // parameter-server strategy's) reports its waits where the watchdog looks.
+  void post_on_board_of(Comm& other) { board_ = &other.board(); }
 
  private:
-  ProgressBoard board_;
+  ProgressBoard own_board_;
+  ProgressBoard* board_ = &own_board_;
 };
 
 // A 64-bit hash of a buffer's bytes (FNV-1a's step over 8-byte words, then the tail bytes),

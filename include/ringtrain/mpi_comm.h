@@ -47,6 +47,10 @@ class MpiSession {
 class MpiComm final : public Comm {
  public:
   MpiComm();  // duplicates MPI_COMM_WORLD; needs an MpiSession alive
+  // Collective over `parent`: the ranks passing the same color form a new communicator,
+  // ordered by key (MPI_Comm_split). The parameter-server strategy uses it for the workers'
+  // own communicator and for a job communicator with the chief first. Inherits the timeout.
+  MpiComm(const MpiComm& parent, int color, int key);
   ~MpiComm() override;
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
@@ -82,6 +86,7 @@ class MpiComm final : public Comm {
     int tag = -1;
     size_t count = 0;  // floats
   };
+  void init_from_comm();  // error handler, rank, size and the node's ranks of comm_
   int64_t acquire_slot(const Transfer& transfer);  // caller holds mutex_
   void release_slot(int64_t slot);                 // caller holds mutex_
   [[noreturn]] void fail_transfer(const Transfer& transfer, const char* call, int code) const;

@@ -53,6 +53,11 @@ struct StepWorkspace {
 // before_update, when given, runs after the gradients are final (averaged) and before the
 // optimizer; returning false skips the update (the --check-finite guard).
 using BeforeUpdateFn = std::function<bool(const StepStats& stats, std::span<const float> grads)>;
+// Forward, the loss and backward on the CPU, without an update: the gradients are left in
+// model.grads() (averaged, with a bucketer). train_step below is this plus the optimizer; the
+// parameter-server workers push these gradients instead.
+StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
+                            Context& ctx, GradBucketer* bucketer = nullptr);
 // A CUDA ctx (with a device model and optimizer) runs train_step_device without a bucketer;
 // passing a GradBucketer with a CUDA ctx throws.
 StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,

@@ -122,6 +122,15 @@ MpiComm::MpiComm() : timeout_s_(timeout_from_env()) {
   RINGTRAIN_CHECK(mpi_initialized() && !mpi_finalized(),
                   "MpiComm needs MPI running: create an MpiSession first");
   RINGTRAIN_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  init_from_comm();
+}
+
+MpiComm::MpiComm(const MpiComm& parent, int color, int key) : timeout_s_(parent.timeout_s_) {
+  RINGTRAIN_CHECK_MPI(MPI_Comm_split(parent.comm_, color, key, &comm_));
+  init_from_comm();
+}
+
+void MpiComm::init_from_comm() {
   try {
     RINGTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     RINGTRAIN_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
