@@ -93,6 +93,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   std::optional<CheckpointDir> checkpoints;
   if (chief && !o.checkpoint_dir.empty()) checkpoints.emplace(o.checkpoint_dir, o.keep_checkpoints);
   // The chief writes the snapshots the servers sent: the shards of one version, assembled.
+  int64_t last_written = -1;
   const auto write_checkpoints = [&](std::vector<PsSnapshot> snapshots) {
     for (PsSnapshot& snapshot : snapshots) {
       const auto start = Clock::now();
@@ -114,6 +115,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       spdlog::info("checkpoint: step {} (assembled from {} server(s)) written to {} in {:.0f} ms",
                    c.step, servers, path, ms_since(start));
       metrics.write("checkpoint", {{"step", c.step}, {"path", path}});
+      last_written = c.step;
     }
   };
 
@@ -128,7 +130,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   int64_t step = setup.start_step;
   while (step < total) {
     world.board().set_step(step);
-    world.board().set_phase("computing gradients");
+    world.board().set_phase("gradient computation");
     inject_test_failures(o, world.rank(), step);
     const auto indices = rank_batch(sampler.order(step / setup.steps_per_epoch),
                                     step % setup.steps_per_epoch, o.batch_size, worker, workers);
@@ -143,7 +145,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
                               worker, world.rank(), stats.loss, step, lr),
                   ExitCode::kNonFinite);
     const int64_t before = step;
-    world.board().set_phase("parameter servers");
+    world.board().set_phase(kPsPhase);
     if (plan.mode == PsMode::kSync) {
       // Every server gets the gradients for the oldest version this worker holds: the step it
       // just trained (ps.h). Its answers say where each server is now; the next step is the
@@ -232,7 +234,10 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   world.board().set_step(total);
   client.finish(params, versions);
   result.train_seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
-  if (checkpoints && setup.start_step < total) write_checkpoints(client.collect_snapshots(total));
+  // The servers' last snapshot is of the final step (unless one of that step came already).
+  if (checkpoints && setup.start_step < total) {
+    write_checkpoints(client.collect_snapshots(last_written == total ? -1 : total));
+  }
   report.bytes_sent = client.bytes_sent();
   report.bytes_received = client.bytes_received();
   check_replicas(workers_comm, model, total);  // the final answers are the same bits for all

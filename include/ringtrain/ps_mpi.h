@@ -25,6 +25,9 @@
 
 namespace ringtrain {
 
+// The phase servers and workers post while they exchange gradients and parameters.
+inline constexpr const char* kPsPhase = "parameter-server exchange";
+
 struct PsLayout {
   int workers = 1;
   int servers = 1;

@@ -135,12 +135,15 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
   };
   const int64_t snapshot_period = options.snapshot_every * options.versions_per_step;
 
+  // The same phase as the workers' pushes: for the watchdog, one exchange that some ranks
+  // have not reached.
+  channel.board().set_phase(kPsPhase);
+  channel.board().set_step(shard.version() / options.versions_per_step);
   std::vector<uint8_t> done(static_cast<size_t>(workers), 0);
   int done_count = 0;
   PsHeader in;
   MPI_Request requests[1];
   while (done_count < workers) {
-    channel.board().set_phase("parameter server: waiting for pushes");
     RINGTRAIN_CHECK_MPI(
         MPI_Irecv(&in, kHeaderBytes, MPI_BYTE, MPI_ANY_SOURCE, kTagToServer, comm, &requests[0]));
     channel.wait_all(requests, "a push from any worker", -1);
@@ -158,7 +161,6 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
                     "parameter server {}: worker {} sent message kind {} with {} floats; expected "
                     "a push of {}",
                     server, worker, in.kind, in.count, size);
-    channel.board().set_phase("parameter server: applying");
     complete_answers();  // the parameters must not change under an answer in flight
     const std::span<float> gradient = shard.gradient_buffer(worker, in.version);
     RINGTRAIN_CHECK_MPI(MPI_Irecv(gradient.data(), size, MPI_FLOAT, worker, kTagToServerPayload,
@@ -166,6 +168,7 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
     channel.wait_all(requests, "a pushed gradient", worker);
     stats.bytes_received += static_cast<int64_t>(size) * 4;
     const ShardServer::PushOutcome outcome = shard.push(worker, in.version, in.lr);
+    channel.board().set_step(shard.version() / options.versions_per_step);
     for (const int w : outcome.answer) answer(w, w != worker || outcome.accepted);
     if (outcome.applied && snapshot_period > 0 && shard.version() % snapshot_period == 0)
       send_snapshot();
