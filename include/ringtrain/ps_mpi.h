@@ -47,6 +47,7 @@ struct PsHeader {
   float lr = 0.0f;
   int32_t accepted = 0;
 };
+static_assert(sizeof(PsHeader) == 48, "docs/strategies.md gives the header's size");
 
 // The private channel: collective over the job communicator (every rank creates it at the
 // same point).
