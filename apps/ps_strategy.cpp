@@ -127,6 +127,12 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   int64_t window_correct = 0, window_samples = 0, window_steps = 0, rejections_in_a_row = 0;
   const int64_t total = setup.total_steps;
   const auto train_start = Clock::now();
+  // The chief's evaluations and checkpoint writes are not training time (as under the ring),
+  // though in sync mode the other workers wait for the chief's gradients meanwhile.
+  double untimed_seconds = 0.0;
+  const auto training_seconds = [&] {
+    return std::chrono::duration<double>(Clock::now() - train_start).count() - untimed_seconds;
+  };
   int64_t step = setup.start_step;
   while (step < total) {
     world.board().set_step(step);
@@ -196,8 +202,12 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     ++window_steps;
     result.last_loss = stats.loss;
     if (!chief) continue;
-    const double seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
-    if (checkpoints) write_checkpoints(client.collect_snapshots());
+    const double seconds = training_seconds();
+    if (checkpoints) {
+      const auto write_start = Clock::now();
+      write_checkpoints(client.collect_snapshots());
+      untimed_seconds += std::chrono::duration<double>(Clock::now() - write_start).count();
+    }
     if ((crossed(before, step, o.log_every) || step == total) && o.log_every > 0) {
       const double loss = window_loss / static_cast<double>(window_steps);
       const double accuracy =
@@ -220,8 +230,10 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     }
     if (crossed(before, step, o.eval_every) && step < total) {
       // The chief's copy: the parameters its last answers brought.
+      const auto eval_start = Clock::now();
       const EvalResult eval =
           evaluate(model, setup.data.test, 0, setup.data.test.count, o.eval_batch, eval_scratch, ctx);
+      untimed_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
       spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", step, eval.accuracy(),
                    eval.mean_loss());
       metrics.write("eval", {{"step", step},
@@ -233,7 +245,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   // Done: every worker gets the final parameters once all are done.
   world.board().set_step(total);
   client.finish(params, versions);
-  result.train_seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
+  result.train_seconds = training_seconds();
   // The servers' last snapshot is of the final step (unless one of that step came already).
   if (checkpoints && setup.start_step < total) {
     write_checkpoints(client.collect_snapshots(last_written == total ? -1 : total));
@@ -413,8 +425,13 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   plan.optimizer_name = probe->name();
   plan.layout = PsLayout{.workers = workers,
                          .servers = servers,
-                         .shards = plan_shards(tensor_sizes(model), servers),
+                         .shards = {},
                          .optimizer_buffers = static_cast<int>(probe->state().size())};
+  try {
+    plan.layout.shards = plan_shards(tensor_sizes(model), servers);
+  } catch (const Error& error) {  // every rank has the same model and flags: tell it once
+    throw Error(error.what(), ExitCode::kUsage, /*on_every_rank=*/true);
+  }
   if (setup.resumed) {
     // Every rank decoded the same verified bytes.
     check_checkpoint_fits(*setup.resumed, o, model, *probe, probe->state().size());

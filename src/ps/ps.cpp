@@ -35,15 +35,15 @@ std::vector<ShardRange> plan_shards(std::span<const int64_t> tensor_sizes, int s
     if (later_servers == 0) {
       for (; next < tensors; ++next) shard.end += tensor_sizes[static_cast<size_t>(next)];
     } else {
-      // The ideal end of this shard; take tensors while that brings the end closer to it,
-      // leaving at least one tensor for each later server.
+      // The ideal end of this shard; take tensors while that brings the end no farther from
+      // it (an empty tensor goes along), leaving at least one tensor for each later server.
       const double target =
           static_cast<double>(total) * static_cast<double>(s + 1) / static_cast<double>(servers);
       do {
         shard.end += tensor_sizes[static_cast<size_t>(next++)];
       } while (next < tensors - later_servers &&
                std::abs(static_cast<double>(shard.end + tensor_sizes[static_cast<size_t>(next)]) -
-                        target) < std::abs(static_cast<double>(shard.end) - target));
+                        target) <= std::abs(static_cast<double>(shard.end) - target));
     }
     offset = shard.end;
     shards.push_back(shard);
@@ -93,16 +93,22 @@ void ShardServer::start(std::span<const float> params,
   RINGTRAIN_CHECK(params.size() == params_.size(),
                   "server shard [{}, {}) got {} parameters to start from", range_.begin,
                   range_.end, params.size());
-  std::copy(params.begin(), params.end(), params_.begin());
   const auto buffers = optimizer_->state();
-  if (!state.empty()) {
-    RINGTRAIN_CHECK(state.size() == buffers.size(),
-                    "server shard [{}, {}): {} optimizer state buffers, the optimizer has {}",
-                    range_.begin, range_.end, state.size(), buffers.size());
-    for (size_t b = 0; b < buffers.size(); ++b) {
-      RINGTRAIN_CHECK(state[b].size() == buffers[b].size(),
-                      "server shard [{}, {}): optimizer state buffer {} holds {}, expected {}",
-                      range_.begin, range_.end, b, state[b].size(), buffers[b].size());
+  // Everything is checked before anything changes: a refused start leaves the server as it was.
+  RINGTRAIN_CHECK(state.empty() || state.size() == buffers.size(),
+                  "server shard [{}, {}): {} optimizer state buffers, the optimizer has {}",
+                  range_.begin, range_.end, state.size(), buffers.size());
+  for (size_t b = 0; b < state.size(); ++b) {
+    RINGTRAIN_CHECK(state[b].size() == buffers[b].size(),
+                    "server shard [{}, {}): optimizer state buffer {} holds {}, expected {}",
+                    range_.begin, range_.end, b, state[b].size(), buffers[b].size());
+  }
+  std::copy(params.begin(), params.end(), params_.begin());
+  // No state given: a fresh start, zero momentum and moments.
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (state.empty()) {
+      std::fill(buffers[b].begin(), buffers[b].end(), 0.0f);
+    } else {
       std::copy(state[b].begin(), state[b].end(), buffers[b].begin());
     }
   }
@@ -114,8 +120,12 @@ void ShardServer::start(std::span<const float> params,
 std::span<float> ShardServer::gradient_buffer(int worker, int64_t version) {
   RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}",
                   worker);
-  if (config_.mode == PsMode::kSync && version == version_)
+  if (config_.mode == PsMode::kSync && version == version_) {
+    // Checked here, before the transport writes over the gradient held for this version.
+    RINGTRAIN_CHECK(std::find(pending_.begin(), pending_.end(), worker) == pending_.end(),
+                    "worker {} pushed twice for version {} (a bug)", worker, version);
     return slots_[static_cast<size_t>(worker)];
+  }
   return scratch_;
 }
 
@@ -132,17 +142,18 @@ ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr
                   "worker {} pushed a gradient for version {}, but this server is only at {}: "
                   "the worker and the server disagree about the run (a bug)",
                   worker, version, version_);
-  ++stats_.gradients;
   PushOutcome outcome;
   outcome.staleness = version_ - version;
   if (config_.mode == PsMode::kSync) {
     if (version < version_) {  // computed for an older version: too late, dropped
+      ++stats_.gradients;
       ++stats_.dropped_stale;
       outcome.answer.push_back(worker);
       return outcome;
     }
     RINGTRAIN_CHECK(std::find(pending_.begin(), pending_.end(), worker) == pending_.end(),
                     "worker {} pushed twice for version {} (a bug)", worker, version);
+    ++stats_.gradients;
     outcome.accepted = true;
     pending_.push_back(worker);
     if (static_cast<int>(pending_.size()) < config_.replicas_to_aggregate) return outcome;
@@ -166,6 +177,7 @@ ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr
     return outcome;
   }
   // async: apply on arrival unless too stale.
+  ++stats_.gradients;
   outcome.answer.push_back(worker);
   if (outcome.staleness > config_.max_staleness) {
     ++stats_.rejected_stale;
@@ -182,7 +194,7 @@ ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr
 
 std::string describe_staleness(const PsServerStats& stats) {
   std::string text;
-  int64_t last = 0;
+  int64_t last = -1;  // the last bin with a count
   for (int64_t s = 0; s < kStalenessBins; ++s)
     if (stats.staleness[s] > 0) last = s;
   for (int64_t s = 0; s <= last; ++s) {
