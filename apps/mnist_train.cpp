@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mnist_train.h"
 #include "ringtrain/bucketer.h"
 #include "ringtrain/check.h"
 #include "ringtrain/checkpoint.h"
@@ -31,7 +32,6 @@
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
 #include "ringtrain/watchdog.h"
-#include "mnist_train.h"
 
 #ifdef RINGTRAIN_HAVE_GPU
 #include "ringtrain/device_bucketer.h"
@@ -289,7 +289,6 @@ std::string describe_optimizer(const OptimizerConfig& c) {
                      c.nesterov, c.weight_decay, c.beta1, c.beta2, c.epsilon);
 }
 
-
 template <typename T>
 std::string join(const std::vector<T>& values) {
   return fmt::format("{}", fmt::join(values, ","));
@@ -331,9 +330,9 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       {"--checkpoint-dir/--checkpoint-every (ps)",
        o.strategy == "ps" ? fmt::format("{} / {}", !o.checkpoint_dir.empty(), o.checkpoint_every)
                           : std::string()},
-      {"strategy", fmt::format("{} num-ps {} mode {} aggregate {} staleness {} average-every {}",
-                               o.strategy, o.num_ps, o.ps_mode, o.replicas_to_aggregate,
-                               o.max_staleness, o.average_every)},
+      {"strategy",
+       fmt::format("{} num-ps {} mode {} aggregate {} staleness {} average-every {}", o.strategy,
+                   o.num_ps, o.ps_mode, o.replicas_to_aggregate, o.max_staleness, o.average_every)},
   };
 }
 
@@ -404,7 +403,6 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
       payload, o.resume != "auto" && o.resume != "never" ? o.resume : "(broadcast from rank 0)");
 }
 
-
 // Means per step of the step's parts, in milliseconds.
 struct StepTimes {
   double compute_ms = 0, comm_ms = 0, exposed_ms = 0;
@@ -436,12 +434,13 @@ void check_strategy_flags(Options& o, int ranks) {
   for (const std::string& flag : o.flags_given) {
     if (!ps && (flag == "--num-ps" || flag == "--ps-mode" || flag == "--replicas-to-aggregate" ||
                 flag == "--max-staleness"))
-      usage(fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag,
-                        o.strategy));
+      usage(
+          fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag, o.strategy));
     if (!local_sgd && flag == "--average-every")
-      usage(fmt::format("--average-every is a flag of --strategy local-sgd (this run: --strategy "
-                        "{})",
-                        o.strategy));
+      usage(
+          fmt::format("--average-every is a flag of --strategy local-sgd (this run: --strategy "
+                      "{})",
+                      o.strategy));
     if (ps && o.ps_mode != "sync" && flag == "--replicas-to-aggregate")
       usage("--replicas-to-aggregate is a flag of --ps-mode sync");
     if (ps && o.ps_mode != "async" && flag == "--max-staleness")
@@ -450,14 +449,16 @@ void check_strategy_flags(Options& o, int ranks) {
   if (o.strategy == "ring") return;
   if (ps) {
     if (o.num_ps >= ranks)
-      usage(fmt::format("--num-ps {} leaves no worker among the {} rank(s) of this job: start "
-                        "more ranks (mpirun -np {}) or use fewer servers",
-                        o.num_ps, ranks, o.num_ps + 1));
+      usage(
+          fmt::format("--num-ps {} leaves no worker among the {} rank(s) of this job: start "
+                      "more ranks (mpirun -np {}) or use fewer servers",
+                      o.num_ps, ranks, o.num_ps + 1));
     const int workers = ranks - o.num_ps;
     if (o.replicas_to_aggregate > workers)
-      usage(fmt::format("--replicas-to-aggregate {} is more than the {} worker(s) ({} ranks - "
-                        "--num-ps {})",
-                        o.replicas_to_aggregate, workers, ranks, o.num_ps));
+      usage(
+          fmt::format("--replicas-to-aggregate {} is more than the {} worker(s) ({} ranks - "
+                      "--num-ps {})",
+                      o.replicas_to_aggregate, workers, ranks, o.num_ps));
     if (o.check_finite) usage("--check-finite is not supported with --strategy ps yet");
     if (o.checkpoint_secs > 0)
       usage("--checkpoint-secs is not supported with --strategy ps: use --checkpoint-every");
@@ -553,12 +554,12 @@ int run(Options o, MpiComm& comm) {
     // the rank count.
     const int64_t global = resumed->global_batch;
     if (o.batch_size_given && o.batch_size * data_ranks != global)
-      refuse(
-          fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
-                      "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
-                      "pass --batch-size {} or leave it out",
-                      resumed->step, global, resumed->ranks, data_ranks, o.batch_size,
-                      o.batch_size * data_ranks, global % data_ranks == 0 ? global / data_ranks : 0));
+      refuse(fmt::format(
+          "the checkpoint at step {} trained with a global batch of {} ({} "
+          "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
+          "pass --batch-size {} or leave it out",
+          resumed->step, global, resumed->ranks, data_ranks, o.batch_size,
+          o.batch_size * data_ranks, global % data_ranks == 0 ? global / data_ranks : 0));
     if (global % data_ranks != 0)
       refuse(
           fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
@@ -599,18 +600,17 @@ int run(Options o, MpiComm& comm) {
   }
   validate(schedule);
   if (ps) {
-    return run_parameter_servers(
-        o, comm, *job,
-        StrategySetup{.data = data,
-                      .data_dir = data_dir,
-                      .model = *model,
-                      .ctx = ctx,
-                      .schedule = schedule,
-                      .resumed = resumed,
-                      .start_step = resumed ? resumed->step : 0,
-                      .total_steps = total_steps,
-                      .steps_per_epoch = steps_per_epoch,
-                      .global_batch = global_batch});
+    return run_parameter_servers(o, comm, *job,
+                                 StrategySetup{.data = data,
+                                               .data_dir = data_dir,
+                                               .model = *model,
+                                               .ctx = ctx,
+                                               .schedule = schedule,
+                                               .resumed = resumed,
+                                               .start_step = resumed ? resumed->step : 0,
+                                               .total_steps = total_steps,
+                                               .steps_per_epoch = steps_per_epoch,
+                                               .global_batch = global_batch});
   }
   std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model->num_params(), ctx);
   const bool on_gpu = ctx.device == Device::kCuda;
@@ -776,9 +776,10 @@ int run(Options o, MpiComm& comm) {
       o.batch_size, global_batch, optimizer->name(), schedule.base_lr, schedule.kind, o.threads,
       o.seed);
   if (local_sgd && ranks > 1) {
-    spdlog::info("strategy local-sgd: each rank steps on its own batch; parameters and optimizer "
-                 "state are averaged by the ring every {} step(s) and at the end",
-                 o.average_every);
+    spdlog::info(
+        "strategy local-sgd: each rank steps on its own batch; parameters and optimizer "
+        "state are averaged by the ring every {} step(s) and at the end",
+        o.average_every);
   }
   if (bucketer || bucket_count > 0) {
     spdlog::info("gradients: {} bucket(s) averaged by {}{} {} ({}); watchdog {:g} s", bucket_count,
@@ -908,20 +909,20 @@ int run(Options o, MpiComm& comm) {
       batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(schedule, step);
 #ifdef RINGTRAIN_HAVE_GPU
-    StepStats stats =
-        on_gpu ? train_step_device(*model, *optimizer, batch, lr, workspace, ctx,
-                                   device_bucketer ? &*device_bucketer : nullptr, guard)
-               : train_step(*model, *optimizer, batch, lr, workspace, ctx,
-                            bucketer ? &*bucketer : nullptr, guard);
+    StepStats stats = on_gpu
+                          ? train_step_device(*model, *optimizer, batch, lr, workspace, ctx,
+                                              device_bucketer ? &*device_bucketer : nullptr, guard)
+                          : train_step(*model, *optimizer, batch, lr, workspace, ctx,
+                                       bucketer ? &*bucketer : nullptr, guard);
 #else
     StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
-                                       bucketer ? &*bucketer : nullptr, guard);
+                                 bucketer ? &*bucketer : nullptr, guard);
 #endif
     // local-sgd: every --average-every steps (and at the end) the ranks average their
     // parameters and optimizer state with the ring, so that they leave identical, and so that
     // a checkpoint of the chief's replica is the whole state.
-    const bool averaged = local_sgd && ranks > 1 &&
-                          ((step + 1) % o.average_every == 0 || step + 1 == total_steps);
+    const bool averaged =
+        local_sgd && ranks > 1 && ((step + 1) % o.average_every == 0 || step + 1 == total_steps);
     if (averaged) {
       const PhaseScope phase(comm.board(), "parameter average");
       const auto average_start = Clock::now();
@@ -1000,12 +1001,10 @@ int run(Options o, MpiComm& comm) {
         spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", done, eval.accuracy(),
                      eval.mean_loss());
       }
-      metrics.write(
-          "eval",
-          {{"step", done},
-           {"test_accuracy", eval.accuracy()},
-           {"test_loss", eval.mean_loss()},
-           {"train_seconds", train_seconds}});
+      metrics.write("eval", {{"step", done},
+                             {"test_accuracy", eval.accuracy()},
+                             {"test_loss", eval.mean_loss()},
+                             {"train_seconds", train_seconds}});
     }
     const bool by_count = o.checkpoint_every > 0 && done % o.checkpoint_every == 0;
     const bool by_time =
@@ -1105,8 +1104,8 @@ int main(int argc, char** argv) {
     return printed == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   }
   options.batch_size_given = app.count("--batch-size") > 0;
-  for (const char* flag : {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness",
-                           "--average-every"}) {
+  for (const char* flag :
+       {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness", "--average-every"}) {
     if (app.count(flag) > 0) options.flags_given.emplace_back(flag);
   }
   // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.

@@ -58,7 +58,7 @@ struct Options {
   double collective_timeout = 60.0;
   bool check_finite = false;
   int64_t max_bad_steps = 5;
-  bool batch_size_given = false;  // set from the command line: --batch-size was passed
+  bool batch_size_given = false;         // set from the command line: --batch-size was passed
   std::vector<std::string> flags_given;  // the strategies' flags that were passed
   // Testing only.
   double test_comm_delay_ms = 0.0;

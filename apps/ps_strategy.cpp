@@ -43,7 +43,7 @@ struct RankReport {
   int32_t index = 0;  // server or worker index
   PsServerStats server;
   int64_t applied_per_worker[kReportedWorkers] = {};  // server: gradients of each worker used
-  int64_t rounds = 0;    // worker: push rounds
+  int64_t rounds = 0;                                 // worker: push rounds
   int64_t accepted = 0;  // worker: steps every server took the gradients of
   int64_t dropped = 0;   // worker, sync: steps some server dropped as stale
   int64_t retries = 0;   // worker, async: recomputations after a rejection
@@ -161,7 +161,8 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       client.push_pull(grads, params, versions, push, accepted, lr, step);
       report.wait_ms += ms_since(start);
       ++report.rounds;
-      const bool all_taken = std::all_of(accepted.begin(), accepted.end(), [](uint8_t a) { return a != 0; });
+      const bool all_taken =
+          std::all_of(accepted.begin(), accepted.end(), [](uint8_t a) { return a != 0; });
       ++(all_taken ? report.accepted : report.dropped);
       step = *std::min_element(versions.begin(), versions.end());
     } else {
@@ -181,13 +182,13 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
         // again to those servers only.
         ++report.retries;
         if (++rejections_in_a_row >= kMaxConsecutiveRejections)
-          throw Error(fmt::format("worker {} (rank {}): its gradients were more than "
-                                  "--max-staleness {} updates old {} times in a row at step {}: "
-                                  "it is too slow for this bound; raise --max-staleness or use "
-                                  "--ps-mode sync",
-                                  worker, world.rank(), plan.max_staleness, rejections_in_a_row,
-                                  step),
-                      ExitCode::kError);
+          throw Error(
+              fmt::format("worker {} (rank {}): its gradients were more than "
+                          "--max-staleness {} updates old {} times in a row at step {}: "
+                          "it is too slow for this bound; raise --max-staleness or use "
+                          "--ps-mode sync",
+                          worker, world.rank(), plan.max_staleness, rejections_in_a_row, step),
+              ExitCode::kError);
         start = Clock::now();
         compute_gradients(model, batch, workspace, ctx);
         report.compute_ms += ms_since(start);
@@ -216,10 +217,10 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       // first server's updates / workers).
       const int64_t job_steps =
           plan.mode == PsMode::kSync ? step : versions[0] / plan.versions_per_step;
-      spdlog::info("step {}/{} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s", step, total,
-                   loss, accuracy, lr,
-                   static_cast<double>((job_steps - setup.start_step) * setup.global_batch) /
-                       seconds);
+      spdlog::info(
+          "step {}/{} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s", step, total, loss,
+          accuracy, lr,
+          static_cast<double>((job_steps - setup.start_step) * setup.global_batch) / seconds);
       metrics.write("train", {{"step", step},
                               {"epoch", step / setup.steps_per_epoch + 1},
                               {"loss", loss},
@@ -231,8 +232,8 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     if (crossed(before, step, o.eval_every) && step < total) {
       // The chief's copy: the parameters its last answers brought.
       const auto eval_start = Clock::now();
-      const EvalResult eval =
-          evaluate(model, setup.data.test, 0, setup.data.test.count, o.eval_batch, eval_scratch, ctx);
+      const EvalResult eval = evaluate(model, setup.data.test, 0, setup.data.test.count,
+                                       o.eval_batch, eval_scratch, ctx);
       untimed_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
       spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", step, eval.accuracy(),
                    eval.mean_loss());
@@ -253,7 +254,8 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   report.bytes_sent = client.bytes_sent();
   report.bytes_received = client.bytes_received();
   check_replicas(workers_comm, model, total);  // the final answers are the same bits for all
-  result.eval = evaluate_sharded(workers_comm, model, setup.data.test, o.eval_batch, eval_scratch, ctx);
+  result.eval =
+      evaluate_sharded(workers_comm, model, setup.data.test, o.eval_batch, eval_scratch, ctx);
   if (chief) {
     metrics.write("eval", {{"step", total},
                            {"test_accuracy", result.eval.accuracy()},
@@ -279,16 +281,16 @@ void serve(const Options& o, const StrategySetup& setup, const PsPlan& plan, PsC
       state.emplace_back(buffer.begin() + range.begin, buffer.begin() + range.end);
     optimizer_steps = setup.resumed->optimizer_steps;
   }
-  shard.start({setup.model.params().data() + range.begin, static_cast<size_t>(range.size())},
-              state, optimizer_steps, setup.start_step * plan.versions_per_step);
+  shard.start({setup.model.params().data() + range.begin, static_cast<size_t>(range.size())}, state,
+              optimizer_steps, setup.start_step * plan.versions_per_step);
   const bool checkpointing = !o.checkpoint_dir.empty();
   report.is_server = 1;
   report.index = server;
-  report.server = serve_shard(
-      channel, plan.layout, server, shard,
-      {.snapshot_every = checkpointing ? o.checkpoint_every : 0,
-       .final_snapshot = checkpointing && setup.start_step < setup.total_steps,
-       .versions_per_step = plan.versions_per_step});
+  report.server =
+      serve_shard(channel, plan.layout, server, shard,
+                  {.snapshot_every = checkpointing ? o.checkpoint_every : 0,
+                   .final_snapshot = checkpointing && setup.start_step < setup.total_steps,
+                   .versions_per_step = plan.versions_per_step});
   const std::vector<int64_t>& applied = shard.applied_per_worker();
   for (size_t w = 0; w < applied.size() && w < static_cast<size_t>(kReportedWorkers); ++w)
     report.applied_per_worker[w] = applied[w];
@@ -332,11 +334,12 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
     taken.push_back(std::to_string(r.accepted));
   }
   const int64_t trained = std::max<int64_t>(0, setup.total_steps - setup.start_step);
-  const double images_per_sec = result.train_seconds > 0
-                                    ? static_cast<double>(trained * setup.global_batch) /
-                                          result.train_seconds
-                                    : 0.0;
-  const double step_ms = trained > 0 ? result.train_seconds * 1000.0 / static_cast<double>(trained) : 0.0;
+  const double images_per_sec =
+      result.train_seconds > 0
+          ? static_cast<double>(trained * setup.global_batch) / result.train_seconds
+          : 0.0;
+  const double step_ms =
+      trained > 0 ? result.train_seconds * 1000.0 / static_cast<double>(trained) : 0.0;
   const double mean_compute = rounds ? compute_ms / static_cast<double>(rounds) : 0.0;
   const double mean_wait = rounds ? wait_ms / static_cast<double>(rounds) : 0.0;
   const std::string mode =
@@ -346,22 +349,25 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
   spdlog::info("summary: test accuracy {:.4f} ({} / {}), test loss {:.4f}, last batch loss {:.4f}",
                result.eval.accuracy(), result.eval.correct, result.eval.samples,
                result.eval.mean_loss(), result.last_loss);
-  spdlog::info("summary: {} steps{} in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB",
-               trained,
-               setup.start_step > 0 ? fmt::format(" (resumed at step {})", setup.start_step)
-                                    : std::string(),
-               result.train_seconds, images_per_sec, step_ms, peak_rss_mb());
-  spdlog::info("summary: strategy ps ({} server(s), {} worker(s), {}); per worker round {:.3f} ms "
-               "computing, {:.3f} ms waiting for the servers",
-               servers, workers, mode, mean_compute, mean_wait);
-  spdlog::info("summary: steps whose gradients every server took, per worker: {}", fmt::join(taken, ", "));
+  spdlog::info(
+      "summary: {} steps{} in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB",
+      trained,
+      setup.start_step > 0 ? fmt::format(" (resumed at step {})", setup.start_step) : std::string(),
+      result.train_seconds, images_per_sec, step_ms, peak_rss_mb());
+  spdlog::info(
+      "summary: strategy ps ({} server(s), {} worker(s), {}); per worker round {:.3f} ms "
+      "computing, {:.3f} ms waiting for the servers",
+      servers, workers, mode, mean_compute, mean_wait);
+  spdlog::info("summary: steps whose gradients every server took, per worker: {}",
+               fmt::join(taken, ", "));
   if (plan.mode == PsMode::kSync) {
     spdlog::info("summary: gradients dropped as stale: {} at the servers ({} worker steps)",
                  all.dropped_stale, dropped);
   } else {
-    spdlog::info("summary: staleness of the applied gradients (updates behind): {}; {} refused as "
-                 "over {} and recomputed ({} worker recomputations)",
-                 describe_staleness(all), all.rejected_stale, plan.max_staleness, retries);
+    spdlog::info(
+        "summary: staleness of the applied gradients (updates behind): {}; {} refused as "
+        "over {} and recomputed ({} worker recomputations)",
+        describe_staleness(all), all.rejected_stale, plan.max_staleness, retries);
   }
   spdlog::info("summary: server traffic: {} in, {} out ({} per step); {}",
                megabytes(all.bytes_received), megabytes(all.bytes_sent),
@@ -371,7 +377,8 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
     MetricsWriter metrics(o.metrics_out, /*append=*/true);
     std::string histogram;
     for (int b = 0; b < kStalenessBins; ++b)
-      if (all.staleness[b] > 0) histogram += fmt::format("{}{}:{}", histogram.empty() ? "" : ",", b, all.staleness[b]);
+      if (all.staleness[b] > 0)
+        histogram += fmt::format("{}{}:{}", histogram.empty() ? "" : ",", b, all.staleness[b]);
     metrics.write("summary", {{"test_accuracy", result.eval.accuracy()},
                               {"test_loss", result.eval.mean_loss()},
                               {"last_loss", result.last_loss},
@@ -448,19 +455,20 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
     std::vector<std::string> shards;
     for (int s = 0; s < servers; ++s) {
       const ShardRange& r = plan.layout.shards[static_cast<size_t>(s)];
-      shards.push_back(fmt::format("server {} (rank {}): [{}, {}) {:.1f}%", s, s, r.begin, r.end,
-                                   100.0 * static_cast<double>(r.size()) /
-                                       static_cast<double>(model.num_params())));
+      shards.push_back(fmt::format(
+          "server {} (rank {}): [{}, {}) {:.1f}%", s, s, r.begin, r.end,
+          100.0 * static_cast<double>(r.size()) / static_cast<double>(model.num_params())));
     }
-    spdlog::info("strategy ps: {} server(s), {} worker(s) (ranks {}-{}; the chief is rank {}), "
-                 "{}; {} steps{} x global batch {} ({} per worker)",
-                 servers, workers, servers, servers + workers - 1, servers,
-                 plan.mode == PsMode::kSync
-                     ? fmt::format("sync, {} of {} gradients per update", plan.aggregate, workers)
-                     : fmt::format("async, staleness at most {}", plan.max_staleness),
-                 setup.total_steps,
-                 setup.start_step > 0 ? fmt::format(" from step {}", setup.start_step) : "",
-                 setup.global_batch, o.batch_size);
+    spdlog::info(
+        "strategy ps: {} server(s), {} worker(s) (ranks {}-{}; the chief is rank {}), "
+        "{}; {} steps{} x global batch {} ({} per worker)",
+        servers, workers, servers, servers + workers - 1, servers,
+        plan.mode == PsMode::kSync
+            ? fmt::format("sync, {} of {} gradients per update", plan.aggregate, workers)
+            : fmt::format("async, staleness at most {}", plan.max_staleness),
+        setup.total_steps,
+        setup.start_step > 0 ? fmt::format(" from step {}", setup.start_step) : "",
+        setup.global_batch, o.batch_size);
     spdlog::info("parameters: {} in {} tensors, sharded {}", model.num_params(),
                  model.param_views().size(), fmt::join(shards, "; "));
   }

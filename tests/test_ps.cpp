@@ -77,8 +77,8 @@ std::unique_ptr<ShardServer> make_server(const ShardServerConfig& config,
                                          const std::vector<float>& start,
                                          const OptimizerConfig& optimizer = sgd()) {
   const auto n = static_cast<int64_t>(start.size());
-  auto server = std::make_unique<ShardServer>(config, ShardRange{0, n},
-                                              make_optimizer(optimizer, n));
+  auto server =
+      std::make_unique<ShardServer>(config, ShardRange{0, n}, make_optimizer(optimizer, n));
   server->start(start, {}, 0, 0);
   return server;
 }
@@ -192,15 +192,15 @@ TEST_CASE("plan_shards: greedy cuts at the boundary nearest each target", "[ps]"
           std::vector<std::pair<int64_t, int64_t>>{{0, 11}, {11, 18}, {18, 30}});
   }
   SECTION("as many servers as tensors: one tensor each") {
-    CHECK(as_pairs(plan(sizes, 6)) ==
-          std::vector<std::pair<int64_t, int64_t>>{
-              {0, 5}, {5, 11}, {11, 15}, {15, 18}, {18, 26}, {26, 30}});
+    CHECK(as_pairs(plan(sizes, 6)) == std::vector<std::pair<int64_t, int64_t>>{
+                                          {0, 5}, {5, 11}, {11, 15}, {15, 18}, {18, 26}, {26, 30}});
   }
   // Stopping short of the target: 6 (4 away), 9 (1 away), 12 (2 away) -> ends at 9.
   CHECK(as_pairs(plan({6, 3, 3, 8}, 2)) ==
         std::vector<std::pair<int64_t, int64_t>>{{0, 9}, {9, 20}});
   // Going past it: 6 (4 away), 11 (1 away) -> ends at 11.
-  CHECK(as_pairs(plan({6, 5, 9}, 2)) == std::vector<std::pair<int64_t, int64_t>>{{0, 11}, {11, 20}});
+  CHECK(as_pairs(plan({6, 5, 9}, 2)) ==
+        std::vector<std::pair<int64_t, int64_t>>{{0, 11}, {11, 20}});
 }
 
 TEST_CASE("plan_shards: every server gets a tensor even when one tensor dominates", "[ps]") {
@@ -243,8 +243,7 @@ TEST_CASE("plan_shards: random sizes always give a valid plan", "[ps]") {
   }
 }
 
-TEST_CASE("plan_shards: more servers than tensors, or none, is refused naming --num-ps",
-          "[ps]") {
+TEST_CASE("plan_shards: more servers than tensors, or none, is refused naming --num-ps", "[ps]") {
   const std::vector<int64_t> mlp = {5000, 10, 250000, 500, 392000, 500};
   // Every server must hold a tensor; the message should tell the user the largest that works.
   REQUIRE_THROWS_AS(plan(mlp, 7), ringtrain::Error);
@@ -257,8 +256,7 @@ TEST_CASE("plan_shards: more servers than tensors, or none, is refused naming --
   REQUIRE_NOTHROW(plan(mlp, 6));
 }
 
-TEST_CASE("plan_shards: the contiguous plan balances better than round-robin by tensor",
-          "[ps]") {
+TEST_CASE("plan_shards: the contiguous plan balances better than round-robin by tensor", "[ps]") {
   // Round-robin (tensor i to server i % servers) ignores sizes; the plan's point is to weigh
   // them. Compare the largest server's load, which bounds a step's time.
   const auto round_robin_max = [](const std::vector<int64_t>& sizes, int servers) {
@@ -294,8 +292,8 @@ TEST_CASE("ShardServer sync, R = workers = 3: hand-worked average, applied on th
       {2.0f, -6.0f, 0.25f, 1.5f},
       {3.0f, 0.0f, -0.25f, 1.5f},
   };  // mean: {2, -1, -0.25, 1}
-  auto server = make_server({.mode = PsMode::kSync, .workers = 3, .replicas_to_aggregate = 3},
-                            start);
+  auto server =
+      make_server({.mode = PsMode::kSync, .workers = 3, .replicas_to_aggregate = 3}, start);
   for (int w = 0; w < 2; ++w) {
     const auto outcome = push(*server, w, 0, g[static_cast<size_t>(w)], 0.25f);
     CHECK(outcome.accepted);
@@ -368,8 +366,8 @@ TEST_CASE("ShardServer sync, R = 2 of 3: backup workers, the late gradient dropp
   const std::vector<float> start = random_floats(kN, 10);
   const std::vector<std::vector<float>> g = {random_floats(kN, 11), random_floats(kN, 12),
                                              random_floats(kN, 13)};
-  auto server = make_server({.mode = PsMode::kSync, .workers = 3, .replicas_to_aggregate = 2},
-                            start);
+  auto server =
+      make_server({.mode = PsMode::kSync, .workers = 3, .replicas_to_aggregate = 2}, start);
 
   // Version 0: workers 2 and 1 arrive first; the update uses exactly their average.
   auto first = push(*server, 2, 0, g[2], lr);
@@ -425,12 +423,11 @@ TEST_CASE("ShardServer sync, R = 2 of 3: backup workers, the late gradient dropp
   CHECK(server->applied_per_worker() == std::vector<int64_t>{1, 2, 1});
 }
 
-TEST_CASE("ShardServer sync: a future version, a double push or an unknown worker throws",
-          "[ps]") {
+TEST_CASE("ShardServer sync: a future version, a double push or an unknown worker throws", "[ps]") {
   const std::vector<float> start = {1.0f, 2.0f};
   const std::vector<float> grad = {0.5f, 0.5f};
-  auto server = make_server({.mode = PsMode::kSync, .workers = 3, .replicas_to_aggregate = 3},
-                            start);
+  auto server =
+      make_server({.mode = PsMode::kSync, .workers = 3, .replicas_to_aggregate = 3}, start);
   // A gradient computed on parameters the server has not produced yet: the worker and the
   // server disagree about the run.
   REQUIRE_THROWS_WITH(push(*server, 0, 1, grad, 0.1f),
@@ -535,7 +532,7 @@ TEST_CASE("ShardServer async, S = 1: applied within the bound, rejected beyond i
   CHECK(stats.max_staleness == 1);  // the largest accepted, not the rejected 2
   CHECK(stats.staleness[0] == 2);
   CHECK(stats.staleness[1] == 1);
-  CHECK(stats.staleness[2] == 0);   // rejected gradients are not in the histogram
+  CHECK(stats.staleness[2] == 0);  // rejected gradients are not in the histogram
   CHECK(server->applied_per_worker() == std::vector<int64_t>{2, 1});
   CHECK(ringtrain::describe_staleness(stats) == "0: 2, 1: 1 (max 1)");
   // A future version is as wrong in async mode as in sync mode.
@@ -569,7 +566,8 @@ TEST_CASE("describe_staleness: empty, gaps, and the open-ended last bin", "[ps]"
   // A staleness beyond the last bin lands in it, marked "+", while max keeps the true value.
   const std::vector<float> start = {0.0f};
   auto server = make_server({.mode = PsMode::kAsync, .workers = 2, .max_staleness = 100}, start);
-  for (int64_t v = 0; v < 70; ++v) REQUIRE(push(*server, 0, v, std::vector<float>{1.0f}, 0.0f).applied);
+  for (int64_t v = 0; v < 70; ++v)
+    REQUIRE(push(*server, 0, v, std::vector<float>{1.0f}, 0.0f).applied);
   const auto old = push(*server, 1, 0, std::vector<float>{1.0f}, 0.0f);
   CHECK(old.accepted);
   CHECK(old.staleness == 70);
@@ -634,8 +632,8 @@ TEST_CASE("ShardServer start: a restart discards a half-gathered aggregate", "[p
   // Pending gradients belong to the version they were computed for; starting again (a resumed
   // run) must not let one of them count towards the new version's average.
   const std::vector<float> start = {1.0f};
-  auto server = make_server({.mode = PsMode::kSync, .workers = 2, .replicas_to_aggregate = 2},
-                            start);
+  auto server =
+      make_server({.mode = PsMode::kSync, .workers = 2, .replicas_to_aggregate = 2}, start);
   push(*server, 0, 0, std::vector<float>{100.0f}, 1.0f);
   server->start(start, {}, 0, 0);
   // Worker 0 may push for version 0 again (no "pushed twice"), and the update is the average
@@ -681,11 +679,11 @@ TEST_CASE("ShardServer: Adam over plan_shards' shards equals Adam on the whole b
     std::vector<std::unique_ptr<ShardServer>> servers;
     for (const ShardRange& range : shards) {
       servers.push_back(std::make_unique<ShardServer>(
-          ShardServerConfig{.mode = mode, .workers = 1, .replicas_to_aggregate = 1,
-                            .max_staleness = 0},
+          ShardServerConfig{
+              .mode = mode, .workers = 1, .replicas_to_aggregate = 1, .max_staleness = 0},
           range, make_optimizer(adam, range.size())));
-      servers.back()->start({start.data() + range.begin, static_cast<size_t>(range.size())}, {},
-                            0, 0);
+      servers.back()->start({start.data() + range.begin, static_cast<size_t>(range.size())}, {}, 0,
+                            0);
     }
     for (int t = 0; t < kSteps; ++t) {
       for (size_t s = 0; s < servers.size(); ++s) {

@@ -89,10 +89,10 @@ class ShardServer {
   std::span<float> gradient_buffer(int worker, int64_t version);
 
   struct PushOutcome {
-    bool accepted = false;     // applied now or held for this version's update
-    bool applied = false;      // an update happened (the version advanced)
-    int64_t staleness = 0;     // version - the gradient's version, at arrival
-    std::vector<int> answer;   // workers to answer now with the current parameters
+    bool accepted = false;    // applied now or held for this version's update
+    bool applied = false;     // an update happened (the version advanced)
+    int64_t staleness = 0;    // version - the gradient's version, at arrival
+    std::vector<int> answer;  // workers to answer now with the current parameters
   };
   // Worker `worker` pushes the gradient it computed on `version` (already in
   // gradient_buffer(worker, version)) with learning rate lr. Throws for a version from the

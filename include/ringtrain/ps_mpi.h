@@ -41,8 +41,8 @@ struct PsHeader {
   int32_t kind = 0;
   int32_t sender = 0;  // worker or server index
   int64_t version = 0;
-  int64_t step = 0;            // push: the worker's step; snapshot: the training step
-  int64_t count = 0;           // floats in the payload message that follows (0: none)
+  int64_t step = 0;             // push: the worker's step; snapshot: the training step
+  int64_t count = 0;            // floats in the payload message that follows (0: none)
   int64_t optimizer_steps = 0;  // snapshot
   float lr = 0.0f;
   int32_t accepted = 0;
@@ -99,9 +99,9 @@ class PsClient {
   // push[s] != 0, and waits for their answers: each writes its shard's current parameters into
   // params, its version into versions[s] and whether it took the gradient into accepted[s].
   // Buffers are the model's flat ones; no copies are made.
-  void push_pull(std::span<const float> grads, std::span<float> params,
-                 std::span<int64_t> versions, std::span<const uint8_t> push,
-                 std::span<uint8_t> accepted, float lr, int64_t step);
+  void push_pull(std::span<const float> grads, std::span<float> params, std::span<int64_t> versions,
+                 std::span<const uint8_t> push, std::span<uint8_t> accepted, float lr,
+                 int64_t step);
   // Tells every server this worker is done; returns when all workers are, with the final
   // parameters in params and the final versions in versions.
   void finish(std::span<float> params, std::span<int64_t> versions);

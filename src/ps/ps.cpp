@@ -9,7 +9,9 @@
 
 namespace ringtrain {
 
-const char* to_string(PsMode mode) { return mode == PsMode::kSync ? "sync" : "async"; }
+const char* to_string(PsMode mode) {
+  return mode == PsMode::kSync ? "sync" : "async";
+}
 
 PsMode parse_ps_mode(const std::string& text) {
   if (text == "sync") return PsMode::kSync;
@@ -87,12 +89,11 @@ ShardServer::ShardServer(const ShardServerConfig& config, ShardRange range,
   }
 }
 
-void ShardServer::start(std::span<const float> params,
-                        const std::vector<std::vector<float>>& state, int64_t optimizer_steps,
-                        int64_t version) {
+void ShardServer::start(std::span<const float> params, const std::vector<std::vector<float>>& state,
+                        int64_t optimizer_steps, int64_t version) {
   RINGTRAIN_CHECK(params.size() == params_.size(),
-                  "server shard [{}, {}) got {} parameters to start from", range_.begin,
-                  range_.end, params.size());
+                  "server shard [{}, {}) got {} parameters to start from", range_.begin, range_.end,
+                  params.size());
   const auto buffers = optimizer_->state();
   // Everything is checked before anything changes: a refused start leaves the server as it was.
   RINGTRAIN_CHECK(state.empty() || state.size() == buffers.size(),
@@ -118,8 +119,7 @@ void ShardServer::start(std::span<const float> params,
 }
 
 std::span<float> ShardServer::gradient_buffer(int worker, int64_t version) {
-  RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}",
-                  worker);
+  RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}", worker);
   if (config_.mode == PsMode::kSync && version == version_) {
     // Checked here, before the transport writes over the gradient held for this version.
     RINGTRAIN_CHECK(std::find(pending_.begin(), pending_.end(), worker) == pending_.end(),
@@ -136,8 +136,7 @@ void ShardServer::apply(std::span<const float> gradient, float lr) {
 }
 
 ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr) {
-  RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}",
-                  worker);
+  RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}", worker);
   RINGTRAIN_CHECK(version <= version_,
                   "worker {} pushed a gradient for version {}, but this server is only at {}: "
                   "the worker and the server disagree about the run (a bug)",

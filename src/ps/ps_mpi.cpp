@@ -30,8 +30,8 @@ constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kBackoff = std::chrono::microseconds(50);
 
 int as_count(int64_t floats) {
-  RINGTRAIN_CHECK(floats >= 0 && floats <= INT_MAX, "a message of {} floats is over MPI's int count",
-                  floats);
+  RINGTRAIN_CHECK(floats >= 0 && floats <= INT_MAX,
+                  "a message of {} floats is over MPI's int count", floats);
   return static_cast<int>(floats);
 }
 
@@ -51,8 +51,8 @@ PsChannel::~PsChannel() {
 void PsChannel::wait_all(std::span<MPI_Request> requests, const char* what, int peer) {
   const WaitScope post(board(), what, peer);
   const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(timeout_s_));
   for (;;) {
     int done = 0;
     RINGTRAIN_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
@@ -119,15 +119,16 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
     Outgoing& out = snapshots.emplace_back();
     const auto state = shard.optimizer().state();
     out.data.assign(shard.params().begin(), shard.params().end());
-    for (const std::span<float> buffer : state) out.data.insert(out.data.end(), buffer.begin(), buffer.end());
+    for (const std::span<float> buffer : state)
+      out.data.insert(out.data.end(), buffer.begin(), buffer.end());
     out.header = PsHeader{.kind = kSnapshot,
                           .sender = server,
                           .version = shard.version(),
                           .step = shard.version() / options.versions_per_step,
                           .count = static_cast<int64_t>(out.data.size()),
                           .optimizer_steps = shard.optimizer().steps_taken()};
-    RINGTRAIN_CHECK_MPI(MPI_Isend(&out.header, kHeaderBytes, MPI_BYTE, 0, kTagSnapshot, comm,
-                                  &out.requests[0]));
+    RINGTRAIN_CHECK_MPI(
+        MPI_Isend(&out.header, kHeaderBytes, MPI_BYTE, 0, kTagSnapshot, comm, &out.requests[0]));
     RINGTRAIN_CHECK_MPI(MPI_Isend(out.data.data(), as_count(out.header.count), MPI_FLOAT, 0,
                                   kTagSnapshotPayload, comm, &out.requests[1]));
     stats.bytes_sent += kHeaderBytes + out.header.count * 4;
@@ -222,9 +223,10 @@ void PsClient::round(std::span<const float> grads, std::span<float> params,
       bytes_sent_ += static_cast<int64_t>(size) * 4;
     }
   }
-  channel_.wait_all(requests_, kind == kPush ? "the parameter servers' answers"
-                                             : "the parameter servers' final parameters",
-                    -1);
+  channel_.wait_all(
+      requests_,
+      kind == kPush ? "the parameter servers' answers" : "the parameter servers' final parameters",
+      -1);
   for (int s = 0; s < layout_.servers; ++s) {
     const auto si = static_cast<size_t>(s);
     if (!push[si]) continue;
@@ -257,14 +259,14 @@ bool PsClient::receive_snapshot_part() {
   if (!arrived) return false;
   PsHeader header;
   MPI_Request requests[1];
-  RINGTRAIN_CHECK_MPI(MPI_Irecv(&header, sizeof(header), MPI_BYTE, status.MPI_SOURCE,
-                                kTagSnapshot, comm, &requests[0]));
+  RINGTRAIN_CHECK_MPI(MPI_Irecv(&header, sizeof(header), MPI_BYTE, status.MPI_SOURCE, kTagSnapshot,
+                                comm, &requests[0]));
   channel_.wait_all(requests, "a snapshot header", status.MPI_SOURCE);
   const int server = header.sender;
-  RINGTRAIN_CHECK(server >= 0 && server < layout_.servers &&
-                      status.MPI_SOURCE == layout_.server_rank(server),
-                  "the chief got a snapshot from job rank {} claiming to be server {}",
-                  status.MPI_SOURCE, server);
+  RINGTRAIN_CHECK(
+      server >= 0 && server < layout_.servers && status.MPI_SOURCE == layout_.server_rank(server),
+      "the chief got a snapshot from job rank {} claiming to be server {}", status.MPI_SOURCE,
+      server);
   const ShardRange& range = layout_.shards[static_cast<size_t>(server)];
   const int64_t buffers = layout_.optimizer_buffers;
   RINGTRAIN_CHECK(header.count == range.size() * (1 + buffers),
@@ -312,8 +314,8 @@ std::vector<PsSnapshot> PsClient::collect_snapshots(int64_t wait_for_step) {
         RINGTRAIN_CHECK(Clock::now() < deadline,
                         "the chief waited {:g} s for the servers' snapshots of step {} ({} of {} "
                         "arrived)",
-                        channel_.timeout(), wait_for_step,
-                        partial_snapshots_[wait_for_step].parts, layout_.servers);
+                        channel_.timeout(), wait_for_step, partial_snapshots_[wait_for_step].parts,
+                        layout_.servers);
         std::this_thread::sleep_for(kBackoff);
       }
     }
