@@ -133,15 +133,19 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   const auto training_seconds = [&] {
     return std::chrono::duration<double>(Clock::now() - train_start).count() - untimed_seconds;
   };
-  int64_t step = setup.start_step;
-  while (step < total) {
-    world.board().set_step(step);
+  // step: the global batch whose slice this worker trains next. job_step: how far the job is,
+  // in global batches: sync, the same as step; async, the first server's updates / workers
+  // (every worker runs until the servers have applied workers x steps updates, so fast workers
+  // do more of them than slow ones, as in TensorFlow's async training).
+  int64_t step = setup.start_step, job_step = setup.start_step;
+  while (job_step < total) {
+    world.board().set_step(job_step);
     world.board().set_phase("gradient computation");
-    inject_test_failures(o, world.rank(), step);
+    inject_test_failures(o, world.rank(), job_step);
     const auto indices = rank_batch(sampler.order(step / setup.steps_per_epoch),
                                     step % setup.steps_per_epoch, o.batch_size, worker, workers);
     make_batch(setup.data.train, indices, batch.images, batch.labels);
-    const float lr = learning_rate(setup.schedule, step);
+    const float lr = learning_rate(setup.schedule, job_step);
     auto start = Clock::now();
     const StepStats stats = compute_gradients(model, batch, workspace, ctx);
     report.compute_ms += ms_since(start);
@@ -150,7 +154,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
                               "(now {}) or check the data",
                               worker, world.rank(), stats.loss, step, lr),
                   ExitCode::kNonFinite);
-    const int64_t before = step;
+    const int64_t before = job_step;
     world.board().set_phase(kPsPhase);
     if (plan.mode == PsMode::kSync) {
       // Every server gets the gradients for the oldest version this worker holds: the step it
@@ -164,7 +168,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       const bool all_taken =
           std::all_of(accepted.begin(), accepted.end(), [](uint8_t a) { return a != 0; });
       ++(all_taken ? report.accepted : report.dropped);
-      step = *std::min_element(versions.begin(), versions.end());
+      step = job_step = *std::min_element(versions.begin(), versions.end());
     } else {
       std::fill(push.begin(), push.end(), 1);
       for (;;) {
@@ -196,6 +200,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       rejections_in_a_row = 0;
       ++report.accepted;
       ++step;
+      job_step = versions[0] / plan.versions_per_step;
     }
     window_loss += stats.loss;
     window_correct += stats.correct;
@@ -209,35 +214,32 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       write_checkpoints(client.collect_snapshots());
       untimed_seconds += std::chrono::duration<double>(Clock::now() - write_start).count();
     }
-    if ((crossed(before, step, o.log_every) || step == total) && o.log_every > 0) {
+    if ((crossed(before, job_step, o.log_every) || job_step >= total) && o.log_every > 0) {
       const double loss = window_loss / static_cast<double>(window_steps);
       const double accuracy =
           static_cast<double>(window_correct) / static_cast<double>(window_samples);
-      // The job's rate: global batches of the servers' progress (sync: the step; async: the
-      // first server's updates / workers).
-      const int64_t job_steps =
-          plan.mode == PsMode::kSync ? step : versions[0] / plan.versions_per_step;
+      // The job's rate: global batches of the servers' progress.
       spdlog::info(
-          "step {}/{} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s", step, total, loss,
+          "step {}/{} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s", job_step, total, loss,
           accuracy, lr,
-          static_cast<double>((job_steps - setup.start_step) * setup.global_batch) / seconds);
-      metrics.write("train", {{"step", step},
-                              {"epoch", step / setup.steps_per_epoch + 1},
+          static_cast<double>((job_step - setup.start_step) * setup.global_batch) / seconds);
+      metrics.write("train", {{"step", job_step},
+                              {"epoch", job_step / setup.steps_per_epoch + 1},
                               {"loss", loss},
                               {"train_accuracy", accuracy},
                               {"lr", static_cast<double>(lr)}});
       window_loss = 0.0;
       window_correct = window_samples = window_steps = 0;
     }
-    if (crossed(before, step, o.eval_every) && step < total) {
+    if (crossed(before, job_step, o.eval_every) && job_step < total) {
       // The chief's copy: the parameters its last answers brought.
       const auto eval_start = Clock::now();
       const EvalResult eval = evaluate(model, setup.data.test, 0, setup.data.test.count,
                                        o.eval_batch, eval_scratch, ctx);
       untimed_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
-      spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", step, eval.accuracy(),
+      spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", job_step, eval.accuracy(),
                    eval.mean_loss());
-      metrics.write("eval", {{"step", step},
+      metrics.write("eval", {{"step", job_step},
                              {"test_accuracy", eval.accuracy()},
                              {"test_loss", eval.mean_loss()},
                              {"train_seconds", seconds}});

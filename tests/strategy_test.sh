@@ -4,10 +4,12 @@
 #      workers (a sum of two is the same in any order), within float tolerance with 3 (the
 #      server sums in worker order, the ring in ring order), over 1 and 2 servers; and the
 #      same seed gives the same bits twice;
-#  (b) async parameter servers train to a stated accuracy (0.78 on Fashion-MNIST in 500 steps);
+#  (b) async parameter servers train to a stated accuracy (0.78 on Fashion-MNIST in 800 steps;
+#      runs here reached 0.812-0.834);
 #  (c) a deliberately slow worker does not slow sync mode with a backup worker (R = 2 of 3):
 #      it contributes almost nothing and the job takes far less than the slow worker's time;
-#      with R = 3 every worker's gradients go into every update;
+#      nor async mode, where the fast workers do the updates; with R = 3 every worker's
+#      gradients go into every update;
 #  (d) async staleness never exceeds --max-staleness (from the servers' histogram);
 #  (e) checkpoints: a ps run interrupted at step 25 and resumed from the servers' assembled
 #      checkpoint ends bitwise equal to an uninterrupted one; a ps checkpoint continues under
@@ -74,12 +76,12 @@ grep -q "sharded server 0 (rank 0): \[0, 255510) 39.4%; server 1 (rank 1): \[255
   fail "(a) the 2-server plan: $(grep sharded ps2x2.log)"
 
 # ---- (b) async trains ----
-run async 180 3 --steps 500 --log-every 100 --eval-batch 5000 --batch-size 32 --lr 0.02 \
+run async 180 3 --steps 800 --log-every 100 --eval-batch 5000 --batch-size 32 --lr 0.02 \
   --strategy ps --ps-mode async
 if ok async; then
   accuracy=$(summary async test_accuracy)
   if python3 -c "import sys; sys.exit(0 if float('$accuracy') >= 0.78 else 1)"; then
-    pass "(b) async ps, 1 server x 2 workers, 500 steps: test accuracy $accuracy >= 0.78"
+    pass "(b) async ps, 1 server x 2 workers, 800 steps: test accuracy $accuracy >= 0.78"
   else
     fail "(b) async ps reached only $accuracy (< 0.78): $(grep summary async.log)"
   fi
@@ -101,6 +103,18 @@ import sys; sys.exit(0 if t[0] == 30 and t[1] == 30 and t[2] <= 10 and float('$s
     fail "(c) R = 2 of 3 with a slow worker: steps taken $taken in $seconds s: $(grep summary backup.log)"
   fi
 fi
+run slowasync 120 4 "${slow[@]}" --steps 30 --ps-mode async
+if ok slowasync; then
+  taken=$(summary slowasync worker_steps_taken) seconds=$(summary slowasync train_seconds)
+  # Async runs until the servers have applied 3 x 30 updates: the fast workers do them.
+  if python3 -c "
+t = [int(x) for x in '$taken'.split(',')]
+import sys; sys.exit(0 if t[2] <= 10 and 90 <= sum(t) <= 92 and float('$seconds') < 3.0 else 1)"; then
+    pass "(c) async with a slow worker: steps per worker $taken, $seconds s (the fast ones did the work)"
+  else
+    fail "(c) async with a slow worker: steps per worker $taken in $seconds s: $(grep summary slowasync.log)"
+  fi
+fi
 run nobackup 120 4 "${slow[@]}" --steps 10
 if ok nobackup; then
   taken=$(summary nobackup worker_steps_taken) seconds=$(summary nobackup train_seconds)
@@ -117,7 +131,8 @@ run stale 180 4 --steps 150 --log-every 0 --eval-batch 5000 --batch-size 32 --st
 if ok stale; then
   max=$(summary stale staleness_max) histogram=$(summary stale staleness_histogram)
   rejected=$(summary stale rejected_stale) updates=$(summary stale server_updates)
-  if [ "$max" -le 1 ] && [ "$updates" -eq 450 ] &&
+  # 3 x 150 updates, and at most 2 more: the pushes in flight when the count is reached.
+  if [ "$max" -le 1 ] && [ "$updates" -ge 450 ] && [ "$updates" -le 452 ] &&
      python3 -c "import sys; sys.exit(0 if all(int(b.split(':')[0]) <= 1 for b in '$histogram'.split(',')) else 1)"; then
     pass "(d) async, 3 workers, --max-staleness 1: staleness {$histogram}, max $max, $rejected refused and recomputed, $updates updates"
   else
