@@ -409,6 +409,11 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
                               {"worker_retries", retries},
                               {"compute_ms", mean_compute},
                               {"wait_ms", mean_wait},
+                              // The ring's names for the same: a push waits after backward,
+                              // so all of the exchange is exposed.
+                              {"comm_ms", mean_wait},
+                              {"exposed_comm_ms", mean_wait},
+                              {"world_size", int64_t{servers + workers}},
                               {"server_bytes_received", all.bytes_received},
                               {"server_bytes_sent", all.bytes_sent},
                               {"params", setup.model.num_params()},
