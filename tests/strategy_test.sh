@@ -161,6 +161,17 @@ run ringfromps 120 2 "${ck[@]}" --resume "$work/psck-copy/ckpt-0000000020.rtckpt
   --save-params ringfromps.bin && ok ringfromps
 same "(e) a 2-worker ps checkpoint continued by the ring on 2 ranks == the ps run" psfull.bin \
   ringfromps.bin --expect-identical
+# Async: the shards of a checkpoint are each at workers x K updates; a run continues from them.
+run asyncck 120 4 --steps 40 --log-every 0 --eval-batch 5000 --strategy ps --ps-mode async \
+  --checkpoint-dir "$work/ack" --checkpoint-every 10 && ok asyncck
+[ "$(grep -c "checkpoint: step" asyncck.log)" -eq 4 ] ||
+  fail "(e) async ps: expected checkpoints at 10, 20, 30 and 40: $(grep "checkpoint:" asyncck.log)"
+run asyncmore 120 4 --steps 60 --log-every 0 --eval-batch 5000 --strategy ps --ps-mode async \
+  --checkpoint-dir "$work/ack" --checkpoint-every 10 && ok asyncmore &&
+  grep -q "resuming from .*ckpt-0000000040.rtckpt: step 40" asyncmore.log &&
+  grep -q "checkpoint: step 60" asyncmore.log &&
+  pass "(e) async ps: checkpoints at 10-40, and a longer run resumed from step 40 to 60" ||
+  fail "(e) async ps resume: $(grep -iE "resum|checkpoint:" asyncmore.log)"
 run lfull 120 2 "${ck[@]}" --strategy local-sgd --average-every 4 --save-params lfull.bin && ok lfull
 run lbroken 120 2 "${ck[@]}" --strategy local-sgd --average-every 4 --checkpoint-dir "$work/lck" \
   --checkpoint-every 10 --test-fail-rank 1 --test-fail-at-step 25

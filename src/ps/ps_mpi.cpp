@@ -108,7 +108,7 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
     MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   };
   std::list<Outgoing> snapshots;
-  int64_t last_snapshot = -1;
+  int64_t last_snapshot_step = -1;
   const auto send_snapshot = [&] {
     // Finished sends are freed first (MPI_Testall sets them to MPI_REQUEST_NULL).
     snapshots.remove_if([](Outgoing& o) {
@@ -132,7 +132,7 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
     RINGTRAIN_CHECK_MPI(MPI_Isend(out.data.data(), as_count(out.header.count), MPI_FLOAT, 0,
                                   kTagSnapshotPayload, comm, &out.requests[1]));
     stats.bytes_sent += kHeaderBytes + out.header.count * 4;
-    last_snapshot = shard.version();
+    last_snapshot_step = out.header.step;
   };
   const int64_t snapshot_period = options.snapshot_every * options.versions_per_step;
 
@@ -177,7 +177,10 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
   // Every worker is done: each gets the final parameters.
   complete_answers();
   for (int w = 0; w < workers; ++w) answer(w, true);
-  if (options.final_snapshot && last_snapshot != shard.version()) send_snapshot();
+  // One snapshot per step: async pushes in flight at the end may add up to workers - 1 updates
+  // after the one that completed the last step, which the chief has as that step's already.
+  if (options.final_snapshot && last_snapshot_step != shard.version() / options.versions_per_step)
+    send_snapshot();
   complete_answers();
   for (Outgoing& o : snapshots) channel.wait_all(o.requests, "the chief receiving a snapshot", 0);
   return stats;
