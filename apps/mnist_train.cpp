@@ -468,6 +468,8 @@ void check_strategy_flags(Options& o, int ranks) {
   // Both strategies move host buffers (the servers' shards, the averaged parameters).
   if (o.device == "cuda")
     usage(fmt::format("--strategy {} runs on the CPU for now; use --device cpu", o.strategy));
+  if (o.device == "auto")
+    spdlog::info("--strategy {} runs on the CPU: --device auto means cpu here", o.strategy);
   o.device = "cpu";
 }
 
