@@ -16,27 +16,7 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-work=$(mktemp -d)
-trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
-unset RINGTRAIN_DATA
-cd "$work" || exit 1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { echo "PASS: $*"; }
-
-# run NAME LIMIT_S NP flags...: mpirun under a timeout; output in NAME.log, status in $status,
-# seconds in $took. Every launch carries "$work" in its arguments so the trap can find strays.
-run() {
-  local name=$1 limit=$2 np=$3
-  shift 3
-  local start
-  start=$(date +%s.%N)
-  timeout -k 5 "$limit" "$mpirun" "$np_flag" "$np" "${mpi_flags[@]}" "$trainer" \
-    --metrics-out "$work/$name.jsonl" "$@" </dev/null >"$name.log" 2>&1
-  status=$?
-  took=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
-  [ "$status" -eq 124 ] && fail "$name: timed out after $limit s (a hang): $(tail -n 20 "$name.log")"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
 has() { grep -qF -- "$2" "$1.log"; }
 # Same settings for every run of (a)-(c): momentum, EMA and a decaying rate, so that the
 # optimizer state, the EMA and the schedule must all be restored for the bits to match.
@@ -192,8 +172,4 @@ else
   fail "(g) unguarded NaN: exit $status: $(tail -n 20 unguarded.log)"
 fi
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all failure checks passed"
+finish failure

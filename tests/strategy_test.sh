@@ -23,25 +23,7 @@ set -uo pipefail
 mpirun=$1 trainer=$2 compare=$3 np_flag=$4
 shift 4
 mpi_flags=("$@")
-work=$(mktemp -d)
-trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
-unset RINGTRAIN_DATA
-cd "$work" || exit 1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { echo "PASS: $*"; }
-
-# run NAME LIMIT_S NP flags...: mpirun under a timeout; output in NAME.log, metrics in
-# NAME.jsonl, status in $status. Every launch carries "$work" so the trap can find strays.
-run() {
-  local name=$1 limit=$2 np=$3
-  shift 3
-  timeout -k 5 "$limit" "$mpirun" "$np_flag" "$np" "${mpi_flags[@]}" "$trainer" \
-    --metrics-out "$work/$name.jsonl" "$@" </dev/null >"$name.log" 2>&1
-  status=$?
-  [ "$status" -eq 124 ] && fail "$name: timed out after $limit s (a hang): $(tail -n 20 "$name.log")"
-  return 0
-}
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
 ok() {  # ok NAME: the run exited 0
   [ "$status" -eq 0 ] || fail "$1 exited $status: $(tail -n 20 "$1.log")"
   [ "$status" -eq 0 ]
@@ -225,8 +207,4 @@ refused "--max-staleness in sync mode" 3 "--max-staleness is a flag of --ps-mode
   --strategy ps --max-staleness 2
 refused "--ema-decay with ps" 3 "--ema-decay needs --strategy ring" --strategy ps --ema-decay 0.9
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all strategy checks passed"
+finish strategy

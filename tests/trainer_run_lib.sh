@@ -1,0 +1,35 @@
+# Shared by the tests that launch mnist_train under mpirun (failure_test.sh, strategy_test.sh);
+# sourced after the caller has set mpirun, trainer, np_flag and the array mpi_flags. It gives:
+#  - a scratch directory $work, the current directory, removed on exit with any stray rank (every
+#    launch carries "$work" in its arguments, so pkill -f finds them);
+#  - fail / pass, which count in $failures, and finish, which ends the test by that count;
+#  - run NAME LIMIT_S NP flags...: mpirun under a timeout (a hang is a failure, never a wait);
+#    output in NAME.log, metrics in NAME.jsonl, exit status in $status, seconds in $took.
+work=$(mktemp -d)
+trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+unset RINGTRAIN_DATA
+cd "$work" || exit 1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "PASS: $*"; }
+
+run() {
+  local name=$1 limit=$2 np=$3
+  shift 3
+  local start
+  start=$(date +%s.%N)
+  timeout -k 5 "$limit" "$mpirun" "$np_flag" "$np" "${mpi_flags[@]}" "$trainer" \
+    --metrics-out "$work/$name.jsonl" "$@" </dev/null >"$name.log" 2>&1
+  status=$?
+  took=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+  [ "$status" -eq 124 ] && fail "$name: timed out after $limit s (a hang): $(tail -n 20 "$name.log")"
+  return 0
+}
+
+finish() {  # finish WHAT
+  if [ "$failures" -ne 0 ]; then
+    echo "$failures check(s) failed"
+    exit 1
+  fi
+  echo "all $1 checks passed"
+}
