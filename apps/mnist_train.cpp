@@ -1013,13 +1013,11 @@ int run(Options o, MpiComm& comm) {
         o.checkpoint_secs > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
             o.checkpoint_secs;
-    if (checkpoints && (by_count || by_time || pending_checkpoint) && done != total_steps) {
-      // local-sgd writes at the next average (the replicas, and so the chief's, are whole then).
-      if (!replicas_equal) {
-        pending_checkpoint = true;
-        continue;
-      }
-      pending_checkpoint = false;
+    // local-sgd puts a checkpoint off to the next average: the chief's replica is the job's
+    // whole state only then.
+    const bool due = by_count || by_time || pending_checkpoint;
+    pending_checkpoint = due && !replicas_equal;
+    if (checkpoints && due && replicas_equal && done != total_steps) {
       write_checkpoint(done);
       last_checkpoint_time = Clock::now();
       last_checkpoint_step = done;

@@ -31,8 +31,6 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Per-worker figures the job report shows, for up to this many workers.
-constexpr int kReportedWorkers = 64;
 // A worker whose gradients are refused this many times in a row cannot keep up under
 // --max-staleness: stop with advice instead of recomputing forever.
 constexpr int64_t kMaxConsecutiveRejections = 200;
@@ -42,8 +40,7 @@ struct RankReport {
   int32_t is_server = 0;
   int32_t index = 0;  // server or worker index
   PsServerStats server;
-  int64_t applied_per_worker[kReportedWorkers] = {};  // server: gradients of each worker used
-  int64_t rounds = 0;                                 // worker: push rounds
+  int64_t rounds = 0;    // worker: push rounds
   int64_t accepted = 0;  // worker: steps every server took the gradients of
   int64_t dropped = 0;   // worker, sync: steps some server dropped as stale
   int64_t retries = 0;   // worker, async: recomputations after a rejection
@@ -293,9 +290,6 @@ void serve(const Options& o, const StrategySetup& setup, const PsPlan& plan, PsC
                   {.snapshot_every = checkpointing ? o.checkpoint_every : 0,
                    .final_snapshot = checkpointing && setup.start_step < setup.total_steps,
                    .versions_per_step = plan.versions_per_step});
-  const std::vector<int64_t>& applied = shard.applied_per_worker();
-  for (size_t w = 0; w < applied.size() && w < static_cast<size_t>(kReportedWorkers); ++w)
-    report.applied_per_worker[w] = applied[w];
 }
 
 std::string megabytes(int64_t bytes) {

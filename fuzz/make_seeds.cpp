@@ -12,40 +12,24 @@
 
 #include <zlib.h>
 
+#include "idx_files.h"
 #include "ringtrain/checkpoint.h"
 
 namespace fs = std::filesystem;
-using Bytes = std::vector<uint8_t>;
+using ringtrain::idx_files::Bytes;
 
 namespace {
 
-void put_be32(Bytes& out, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));
-}
+using ringtrain::idx_files::image_file;
+using ringtrain::idx_files::put_be32;
 
 void put_le32(Bytes& out, uint32_t v) {
   for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<uint8_t>(v >> shift));
 }
 
-Bytes image_file(uint32_t count, uint32_t rows, uint32_t cols) {
-  Bytes b;
-  put_be32(b, 0x00000803);
-  put_be32(b, count);
-  put_be32(b, rows);
-  put_be32(b, cols);
-  for (uint32_t i = 0; i < count; ++i) {
-    for (uint32_t p = 0; p < rows * cols; ++p)
-      b.push_back(static_cast<uint8_t>((i * 131 + p * 29 + (p * p) % 7) % 256));
-  }
-  return b;
-}
-
+// Labels 0, 3, 6, 9, 2, ... (the data tests' files).
 Bytes label_file(uint32_t count) {
-  Bytes b;
-  put_be32(b, 0x00000801);
-  put_be32(b, count);
-  for (uint32_t i = 0; i < count; ++i) b.push_back(static_cast<uint8_t>((i * 3) % 10));
-  return b;
+  return ringtrain::idx_files::label_file(ringtrain::idx_files::labels_mod10(count));
 }
 
 Bytes gzip(const Bytes& plain) {

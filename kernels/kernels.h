@@ -8,7 +8,16 @@
 
 #include <cstdint>
 
+#include "ringtrain/optim_math.h"
+
 namespace ringtrain::gpu {
+
+// The update kernels take their per-step constants from the host helpers the CPU loops use
+// (optim_math.h), under these names.
+using ringtrain::adam_constants;
+using ringtrain::AdamConstants;
+using ringtrain::ema_factors;
+using ringtrain::EmaFactors;
 
 // ---- dense layer pieces (the GEMMs are cuBLAS) ----
 // y[r, c] += bias[c] for r < rows, c < cols.                    Twin: dense_forward's bias.
@@ -48,31 +57,11 @@ void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, in
 // v = momentum * v + g and w -= lr * v, or w -= lr * (g + momentum * v) when nesterov.
 void sgd_update(float* w, const float* grad, float* velocity, int64_t n, float lr,
                 float weight_decay, float momentum, bool nesterov, cudaStream_t stream);
-// The per-step constants, computed on the host exactly as the CPU Adam does (optim.cpp).
-struct AdamConstants {
-  float weight_decay;
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;       // lr / (1 - beta1^t)
-  float inv_sqrt_bias2;  // 1 / sqrt(1 - beta2^t)
-  float epsilon;
-};
 void adam_update(float* w, const float* grad, float* m, float* v, int64_t n,
                  const AdamConstants& constants, cudaStream_t stream);
-// Host: Adam's constants for step t (counting from 1, as Adam::step's ++steps_), computed
-// expression for expression as optim.cpp does, so adam_update matches the CPU step.
-AdamConstants adam_constants(float lr, float beta1, float beta2, float epsilon, float weight_decay,
-                             int64_t step);
 // shadow = keep * shadow + take * w.                                Twin: WeightEma::update.
 void ema_update(float* shadow, const float* w, int64_t n, float keep, float take,
                 cudaStream_t stream);
-// Host: keep = decay_t = min(decay, (1 + t) / (10 + t)) and take = 1 - decay_t for an update
-// with t = `updates` updates already applied, exactly as WeightEma::update computes them.
-struct EmaFactors {
-  float keep;
-  float take;
-};
-EmaFactors ema_factors(float decay, int64_t updates);
 
 // ---- the ring's arithmetic and helpers ----
 // dst[i] += src[i].                                                 Twin: Comm::add_inplace.

@@ -117,33 +117,4 @@ void ema_update(float* shadow, const float* w, int64_t n, float keep, float take
   RINGTRAIN_CHECK_LAUNCH();
 }
 
-// ---- host helpers: the per-step constants, as the CPU computes them ----
-
-AdamConstants adam_constants(float lr, float beta1, float beta2, float epsilon, float weight_decay,
-                             int64_t step) {
-  RINGTRAIN_CHECK(step >= 1, "gpu::adam_constants: Adam's step count starts at 1, got {}", step);
-  // optim.cpp's Adam::step, expression for expression (double, then rounded to float).
-  const double t = static_cast<double>(step);
-  const double bias1 = 1.0 - std::pow(static_cast<double>(beta1), t);
-  const double bias2 = 1.0 - std::pow(static_cast<double>(beta2), t);
-  AdamConstants k{};
-  k.weight_decay = weight_decay;
-  k.beta1 = beta1;
-  k.one_minus_beta1 = 1.0f - beta1;
-  k.beta2 = beta2;
-  k.one_minus_beta2 = 1.0f - beta2;
-  k.step_size = static_cast<float>(static_cast<double>(lr) / bias1);
-  k.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
-  k.epsilon = epsilon;
-  return k;
-}
-
-EmaFactors ema_factors(float decay, int64_t updates) {
-  RINGTRAIN_CHECK(updates >= 0, "gpu::ema_factors: negative update count {}", updates);
-  // ema.cpp's WeightEma::update, expression for expression.
-  const double t = static_cast<double>(updates);
-  const double decay_t = std::min(static_cast<double>(decay), (1.0 + t) / (10.0 + t));
-  return EmaFactors{static_cast<float>(decay_t), static_cast<float>(1.0 - decay_t)};
-}
-
 }  // namespace ringtrain::gpu

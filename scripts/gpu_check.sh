@@ -547,19 +547,11 @@ PY
       log "ringtrain $name batch $batch ($tag, $steps steps): FAILED (exit $rc): $(grep -iE 'error|fail|what' "$LOGS/$base.log" | tail -n 2 | tr '\n' ' ')"
       return 1
     fi
-    python3 - "$LOGS/$base.jsonl" <<'PY'
-import json, sys
-s = None
-for line in open(sys.argv[1]):
-    line = line.strip()
-    if line.startswith("{"):
-        r = json.loads(line)
-        if r.get("event") == "summary":
-            s = r
-if s is None:
-    sys.exit("no summary line")
-print(s["steps"] - s.get("start_step", 0), s["step_ms"], s["images_per_sec"])
-PY
+    local run_steps start_step step_ms images_per_sec
+    read -r run_steps start_step step_ms images_per_sec < <(python3 \
+      "$ROOT/scripts/summary_field.py" "$LOGS/$base.jsonl" steps start_step step_ms \
+      images_per_sec) || return 1
+    echo "$((run_steps - start_step)) $step_ms $images_per_sec"
   }
   # steps_for SECONDS SHORT_MS SHORT_STEPS LONG_MS LONG_STEPS: steps that train for about SECONDS.
   # Without a long run (LONG_STEPS 0): from the short run's mean step, warm-up included (too

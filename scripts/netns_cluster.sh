@@ -207,16 +207,9 @@ EOF
   chmod 755 "$AGENT"
 }
 
-# `ip netns add` makes /run/netns (a bind mount onto itself) on first use; once no namespace
-# is left in it, undo that too so the machine is as before.
-tidy_netns_dir() {
-  local dir=/run/netns
-  [ -d "$dir" ] && [ -z "$(ls -A "$dir")" ] || return 0
-  if grep -q " $dir " /proc/self/mountinfo; then
-    umount "$dir" 2>/dev/null || return 0
-  fi
-  rmdir "$dir" 2>/dev/null || true
-}
+# tidy_netns_dir (undoing /run/netns once it is empty) is in netns_lib.sh.
+# shellcheck source=scripts/netns_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
 
 # ---- down ----
 cmd_down() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prints FIELD of the last {"event":"summary", ...} line of a JSON-lines metrics file
-(mnist_train --metrics-out, bench_torch.py, bench_ddp.py). Usage: summary_field.py FILE FIELD"""
+(mnist_train --metrics-out, bench_torch.py, bench_ddp.py); with several fields, their values
+on one line, separated by spaces. Usage: summary_field.py FILE FIELD [FIELD...]"""
 import json
 import sys
 
@@ -14,4 +15,4 @@ with open(sys.argv[1]) as lines:
                 summary = record
 if summary is None:
     sys.exit(f"no summary line in {sys.argv[1]}")
-print(summary[sys.argv[2]])
+print(*(summary[field] for field in sys.argv[2:]))

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "ringtrain/check.h"
+#include "ringtrain/optim_math.h"
 
 namespace ringtrain {
 
@@ -20,15 +21,19 @@ void WeightEma::update(std::span<const float> params) {
   RINGTRAIN_CHECK(params.size() == shadow_.size(),
                   "EMA update: {} parameters, but the average was started with {}", params.size(),
                   shadow_.size());
-  const double t = static_cast<double>(updates_);
-  const double decay_t = std::min(static_cast<double>(decay_), (1.0 + t) / (10.0 + t));
-  const float keep = static_cast<float>(decay_t);
-  const float take = static_cast<float>(1.0 - decay_t);
+  const auto [keep, take] = ema_factors(decay_, updates_);
   float* shadow = shadow_.data();  // [num_params]
   const float* w = params.data();  // [num_params]
   const int64_t n = static_cast<int64_t>(shadow_.size());
   for (int64_t i = 0; i < n; ++i) shadow[i] = keep * shadow[i] + take * w[i];
   ++updates_;
+}
+
+EmaFactors ema_factors(float decay, int64_t updates) {
+  RINGTRAIN_CHECK(updates >= 0, "ema_factors: negative update count {}", updates);
+  const double t = static_cast<double>(updates);
+  const double decay_t = std::min(static_cast<double>(decay), (1.0 + t) / (10.0 + t));
+  return EmaFactors{static_cast<float>(decay_t), static_cast<float>(1.0 - decay_t)};
 }
 
 void WeightEma::restore(std::span<const float> shadow, int64_t updates) {

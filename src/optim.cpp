@@ -7,6 +7,7 @@
 // Adam's loop calls std::sqrt: GCC and Clang vectorise it only under -fno-math-errno (with
 // errno on, each call keeps a scalar branch to libm for negative inputs).
 #include "ringtrain/optim.h"
+#include "ringtrain/optim_math.h"
 
 #include <cmath>
 
@@ -46,19 +47,8 @@ void sgd_nesterov_update(float* w, const float* grad, float* v, int64_t n, float
   }
 }
 
-// Per-step constants of Adam's loop; the bias corrections are folded in (in double) by the
-// caller, so the loop is w -= step_size * m / (sqrt(v) * inv_sqrt_bias2 + eps), which is
-// lr * mhat / (sqrt(vhat) + eps) with mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t).
-struct AdamStep {
-  float weight_decay;
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;       // lr / (1 - beta1^t)
-  float inv_sqrt_bias2;  // 1 / sqrt(1 - beta2^t)
-  float epsilon;
-};
-
-void adam_update(float* w, const float* grad, float* m, float* v, int64_t n, const AdamStep& s) {
+void adam_update(float* w, const float* grad, float* m, float* v, int64_t n,
+                 const AdamConstants& s) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i] + s.weight_decay * w[i];
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
@@ -141,19 +131,8 @@ class Adam final : public Optimizer {
   void step(std::span<float> params, std::span<const float> grads, float lr) override {
     check_step(params, grads, lr, num_params_);
     ++steps_;  // t counts from 1
-    const double t = static_cast<double>(steps_);
-    const double bias1 = 1.0 - std::pow(static_cast<double>(config_.beta1), t);
-    const double bias2 = 1.0 - std::pow(static_cast<double>(config_.beta2), t);
-    const AdamStep s{
-        .weight_decay = config_.weight_decay,
-        .beta1 = config_.beta1,
-        .one_minus_beta1 = 1.0f - config_.beta1,
-        .beta2 = config_.beta2,
-        .one_minus_beta2 = 1.0f - config_.beta2,
-        .step_size = static_cast<float>(static_cast<double>(lr) / bias1),
-        .inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2)),
-        .epsilon = config_.epsilon,
-    };
+    const AdamConstants s = adam_constants(lr, config_.beta1, config_.beta2, config_.epsilon,
+                                           config_.weight_decay, steps_);
     adam_update(params.data(), grads.data(), m_.data(), v_.data(), num_params_, s);
   }
 
@@ -239,6 +218,24 @@ void state_from_host(Optimizer& optimizer, const std::vector<std::vector<float>>
     copy_floats(state[b].data(), optimizer.device(), buffers[b].data(), Device::kCpu,
                 static_cast<int64_t>(buffers[b].size()));
   }
+}
+
+AdamConstants adam_constants(float lr, float beta1, float beta2, float epsilon, float weight_decay,
+                             int64_t step) {
+  RINGTRAIN_CHECK(step >= 1, "adam_constants: Adam's step count starts at 1, got {}", step);
+  const double t = static_cast<double>(step);
+  const double bias1 = 1.0 - std::pow(static_cast<double>(beta1), t);
+  const double bias2 = 1.0 - std::pow(static_cast<double>(beta2), t);
+  return AdamConstants{
+      .weight_decay = weight_decay,
+      .beta1 = beta1,
+      .one_minus_beta1 = 1.0f - beta1,
+      .beta2 = beta2,
+      .one_minus_beta2 = 1.0f - beta2,
+      .step_size = static_cast<float>(static_cast<double>(lr) / bias1),
+      .inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2)),
+      .epsilon = epsilon,
+  };
 }
 
 }  // namespace ringtrain

@@ -12,20 +12,17 @@ set -uo pipefail
 mpirun=$1 trainer=$2 compare=$3 np_flag=$4
 shift 4
 mpi_flags=("$@")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# The default data is Fashion-MNIST unless $RINGTRAIN_DATA or ./data/mnist says otherwise.
-unset RINGTRAIN_DATA
-cd "$work" || exit 1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { echo "PASS: $*"; }
+# The default data is Fashion-MNIST unless $RINGTRAIN_DATA or ./data/mnist says otherwise
+# (trainer_run_lib.sh unsets the first).
+# shellcheck source=tests/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
 
-# launch NP trainer-flags...: mpirun -np NP mnist_train flags (stdin closed).
+# launch NP trainer-flags...: mpirun -np NP mnist_train flags (stdin closed), under a timeout:
+# a hang ends with status 124, which every caller's checks count as a failure.
 launch() {
   local np=$1
   shift
-  "$mpirun" "$np_flag" "$np" "${mpi_flags[@]}" "$trainer" "$@" </dev/null
+  timeout -k 5 300 "$mpirun" "$np_flag" "$np" "${mpi_flags[@]}" "$trainer" "$@" </dev/null
 }
 # field FILE KEY: KEY's value in the summary line (the last line) of a --metrics-out file.
 field() { tail -n 1 "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
@@ -36,17 +33,6 @@ check() {
   awk -v a="${1:-}" -v b="${2:-}" -v c="${3:-}" "BEGIN { exit !($condition) }"
 }
 seconds_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
-# compare_params WHAT A B [params_compare flags]: runs params_compare, echoes its numbers line.
-compare_params() {
-  local what=$1 a=$2 b=$3
-  shift 3
-  local out
-  if out=$("$compare" "$a" "$b" "$@" 2>&1); then
-    pass "$what: $(head -n 1 <<<"$out")"
-  else
-    fail "$what: $out"
-  fi
-}
 
 # ---- (a) equivalence: the distributed sampler gives N ranks x b exactly the samples of one
 # rank x N*b, and averaging gradients over ranks equals the gradient of the global batch, so
@@ -261,8 +247,4 @@ for where in "every rank" "rank 1 only"; do
   fi
 done
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all data-parallel checks passed"
+finish data-parallel

@@ -16,6 +16,7 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
+# shellcheck source=tests/trainer_run_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
 has() { grep -qF -- "$2" "$1.log"; }
 # Same settings for every run of (a)-(c): momentum, EMA and a decaying rate, so that the

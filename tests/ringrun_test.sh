@@ -35,16 +35,9 @@ seconds_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e 
 tmp="" made_run_sshd="" sshd_pids=()
 
 # ---- teardown: everything this script made, also after a failure or a signal ----
-# `ip netns add` makes /run/netns (a bind mount onto itself) on first use; once no namespace is
-# left in it, undo that too (as scripts/netns_cluster.sh does).
-tidy_netns_dir() {
-  local dir=/run/netns
-  [ -d "$dir" ] && [ -z "$(ls -A "$dir")" ] || return 0
-  if grep -q " $dir " /proc/self/mountinfo; then
-    umount "$dir" 2>/dev/null || return 0
-  fi
-  rmdir "$dir" 2>/dev/null || true
-}
+# tidy_netns_dir: undoes /run/netns once it is empty (as scripts/netns_cluster.sh does).
+# shellcheck source=scripts/netns_lib.sh
+source "$repo/scripts/netns_lib.sh"
 our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^rr(host[0-9]+|probe[0-9]+)$'; }
 # stop_pids PID...: TERM, up to 2 s for them to go, then KILL.
 stop_pids() {

@@ -23,36 +23,29 @@ set -uo pipefail
 mpirun=$1 trainer=$2 compare=$3 np_flag=$4
 shift 4
 mpi_flags=("$@")
+summary_field="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/summary_field.py"
+# shellcheck source=tests/trainer_run_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
 ok() {  # ok NAME: the run exited 0
   [ "$status" -eq 0 ] || fail "$1 exited $status: $(tail -n 20 "$1.log")"
   [ "$status" -eq 0 ]
 }
 # summary NAME FIELD: a field of the run's summary line
-summary() { python3 -c "import json,sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r['event'] == 'summary': print(r[sys.argv[2]])" "$1.jsonl" "$2"; }
-same() {  # same WHAT A B [params_compare flags]
-  local what=$1 a=$2 b=$3 numbers
-  shift 3
-  if numbers=$("$compare" "$a" "$b" "$@" 2>&1); then pass "$what: $numbers"
-  else fail "$what: $numbers"; fi
-}
+summary() { python3 "$summary_field" "$1.jsonl" "$2"; }
 
 common=(--steps 30 --log-every 10 --eval-batch 5000 --batch-size 32 --seed 3)
 
 # ---- (a) sync parameter servers == ring ----
 run ring2 120 2 "${common[@]}" --save-params ring2.bin && ok ring2
 run ps2x2 120 4 "${common[@]}" --strategy ps --num-ps 2 --save-params ps2x2.bin && ok ps2x2
-same "(a) sync ps, 2 servers x 2 workers == ring on 2 ranks, bitwise" ring2.bin ps2x2.bin \
+compare_params "(a) sync ps, 2 servers x 2 workers == ring on 2 ranks, bitwise" ring2.bin ps2x2.bin \
   --expect-identical
 run ring3 120 3 "${common[@]}" --save-params ring3.bin && ok ring3
 run ps1x3 120 4 "${common[@]}" --strategy ps --save-params ps1x3.bin && ok ps1x3
-same "(a) sync ps, 1 server x 3 workers == ring on 3 ranks (rel 1e-5)" ring3.bin ps1x3.bin \
+compare_params "(a) sync ps, 1 server x 3 workers == ring on 3 ranks (rel 1e-5)" ring3.bin ps1x3.bin \
   --rel-tol 1e-5
 run ps1x3b 120 4 "${common[@]}" --strategy ps --save-params ps1x3b.bin && ok ps1x3b
-same "(a) sync ps with R = workers: same seed, same bits" ps1x3.bin ps1x3b.bin --expect-identical
+compare_params "(a) sync ps with R = workers: same seed, same bits" ps1x3.bin ps1x3b.bin --expect-identical
 grep -q "sharded server 0 (rank 0): \[0, 255510) 39.4%; server 1 (rank 1): \[255510, 648010) 60.6%" \
   ps2x2.log && pass "(a) the 2-server plan is the greedy contiguous one" ||
   fail "(a) the 2-server plan: $(grep sharded ps2x2.log)"
@@ -137,11 +130,11 @@ run psresumed 120 4 "${ck[@]}" --strategy ps --num-ps 2 --checkpoint-dir "$work/
   --checkpoint-every 10 --save-params psresumed.bin && ok psresumed
 grep -q "resuming from .*ckpt-0000000020.rtckpt: step 20" psresumed.log ||
   fail "(e) the ps run did not resume from step 20: $(grep -i resum psresumed.log)"
-same "(e) ps: interrupted at 25, resumed from the assembled checkpoint of step 20 == uninterrupted" \
+compare_params "(e) ps: interrupted at 25, resumed from the assembled checkpoint of step 20 == uninterrupted" \
   psfull.bin psresumed.bin --expect-identical
 run ringfromps 120 2 "${ck[@]}" --resume "$work/psck-copy/ckpt-0000000020.rtckpt" \
   --save-params ringfromps.bin && ok ringfromps
-same "(e) a 2-worker ps checkpoint continued by the ring on 2 ranks == the ps run" psfull.bin \
+compare_params "(e) a 2-worker ps checkpoint continued by the ring on 2 ranks == the ps run" psfull.bin \
   ringfromps.bin --expect-identical
 # Async: the shards of a checkpoint are each at workers x K updates; a run continues from them.
 run asyncck 120 4 --steps 40 --log-every 0 --eval-batch 5000 --strategy ps --ps-mode async \
@@ -162,18 +155,18 @@ ls lck | tr '\n' ' ' | grep -q "ckpt-0000000012.rtckpt ckpt-0000000020.rtckpt" |
   fail "(e) local-sgd checkpoints are written at the next average (12, 20): $(ls lck)"
 run lresumed 120 2 "${ck[@]}" --strategy local-sgd --average-every 4 --checkpoint-dir "$work/lck" \
   --checkpoint-every 10 --save-params lresumed.bin && ok lresumed
-same "(e) local-sgd: interrupted and resumed == uninterrupted" lfull.bin lresumed.bin \
+compare_params "(e) local-sgd: interrupted and resumed == uninterrupted" lfull.bin lresumed.bin \
   --expect-identical
 
 # ---- (f) local SGD ----
 run local1 120 2 "${common[@]}" --strategy local-sgd --average-every 1 --save-params local1.bin &&
   ok local1
-same "(f) local-sgd --average-every 1 == the ring's SGD (rel 1e-5)" ring2.bin local1.bin --rel-tol 1e-5
+compare_params "(f) local-sgd --average-every 1 == the ring's SGD (rel 1e-5)" ring2.bin local1.bin --rel-tol 1e-5
 run local8 120 3 "${common[@]}" --strategy local-sgd --average-every 8 --momentum 0.9 \
   --check-replicas 8 --save-params local8.bin && ok local8
 run local8b 120 3 "${common[@]}" --strategy local-sgd --average-every 8 --momentum 0.9 \
   --save-params local8b.bin && ok local8b
-same "(f) local-sgd --average-every 8, 3 ranks: same seed, same bits" local8.bin local8b.bin \
+compare_params "(f) local-sgd --average-every 8, 3 ranks: same seed, same bits" local8.bin local8b.bin \
   --expect-identical
 [ "$(summary local8 parameter_averages)" = "4" ] && pass "(f) 30 steps averaged at 8, 16, 24 and 30" ||
   fail "(f) parameter averages: $(summary local8 parameter_averages), expected 4"

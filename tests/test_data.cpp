@@ -19,6 +19,7 @@
 #include <zlib.h>
 #include <catch2/catch.hpp>
 
+#include "idx_files.h"
 #include "ringtrain/check.h"
 #include "ringtrain/data.h"
 
@@ -27,7 +28,7 @@ using Catch::Contains;
 using ringtrain::Dataset;
 using ringtrain::EpochSampler;
 using ringtrain::load_idx;
-using Bytes = std::vector<uint8_t>;
+using ringtrain::idx_files::Bytes;
 
 namespace {
 
@@ -54,41 +55,11 @@ class TempDir {
   fs::path path_;
 };
 
-void put_be32(Bytes& out, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));
-}
-
-// The pixel the test files hold for (image, position): varied, so that gzip cannot squeeze
-// the files to nothing and a mix-up of images shows.
-uint8_t pixel(uint32_t image, uint32_t p) {
-  return static_cast<uint8_t>((image * 131 + p * 29 + (p * p) % 7) % 256);
-}
-
-Bytes image_file(uint32_t count, uint32_t rows, uint32_t cols) {
-  Bytes b;
-  put_be32(b, 0x00000803);
-  put_be32(b, count);
-  put_be32(b, rows);
-  put_be32(b, cols);
-  for (uint32_t i = 0; i < count; ++i) {
-    for (uint32_t p = 0; p < rows * cols; ++p) b.push_back(pixel(i, p));
-  }
-  return b;
-}
-
-Bytes label_file(const Bytes& labels) {
-  Bytes b;
-  put_be32(b, 0x00000801);
-  put_be32(b, static_cast<uint32_t>(labels.size()));
-  b.insert(b.end(), labels.begin(), labels.end());
-  return b;
-}
-
-Bytes labels_mod10(uint32_t count) {
-  Bytes l(count);
-  for (uint32_t i = 0; i < count; ++i) l[i] = static_cast<uint8_t>((i * 3) % 10);
-  return l;
-}
+using ringtrain::idx_files::image_file;
+using ringtrain::idx_files::label_file;
+using ringtrain::idx_files::labels_mod10;
+using ringtrain::idx_files::pixel;
+using ringtrain::idx_files::put_be32;
 
 void write_file(const std::string& path, const Bytes& bytes) {
   std::ofstream f(path, std::ios::binary);

@@ -85,12 +85,23 @@ std::unique_ptr<ShardServer> make_server(const ShardServerConfig& config,
 
 // What a transport does for one push: receive the gradient into the buffer the server names,
 // then hand it over.
-ShardServer::PushOutcome push(ShardServer& server, int worker, int64_t version,
-                              std::span<const float> gradient, float lr) {
+// A push's outcome, its answer list copied: the server's own view of it lasts only until the
+// next push, and the tests keep outcomes across pushes.
+struct Outcome {
+  bool accepted = false;
+  bool applied = false;
+  int64_t staleness = 0;
+  std::vector<int> answer;
+};
+
+Outcome push(ShardServer& server, int worker, int64_t version, std::span<const float> gradient,
+             float lr) {
   const std::span<float> buffer = server.gradient_buffer(worker, version);
   REQUIRE(buffer.size() == gradient.size());
   std::copy(gradient.begin(), gradient.end(), buffer.begin());
-  return server.push(worker, version, lr);
+  const ShardServer::PushOutcome outcome = server.push(worker, version, lr);
+  return {outcome.accepted, outcome.applied, outcome.staleness,
+          std::vector<int>(outcome.answer.begin(), outcome.answer.end())};
 }
 
 // The answer list is a set of workers; its order is not part of the contract.
@@ -351,7 +362,7 @@ TEST_CASE("ShardServer sync: the average is summed in worker order, whatever the
        {std::vector<int>{0, 1, 2}, std::vector<int>{2, 0, 1}, std::vector<int>{1, 2, 0}}) {
     INFO("arrival order " << order[0] << order[1] << order[2]);
     auto server = make_server(config, start);
-    ShardServer::PushOutcome last;
+    Outcome last;
     for (const int w : order) last = push(*server, w, 0, g[static_cast<size_t>(w)], lr);
     CHECK(last.applied);
     CHECK(sorted(last.answer) == std::vector<int>{0, 1, 2});

@@ -1,10 +1,14 @@
-# Shared by the tests that launch mnist_train under mpirun (failure_test.sh, strategy_test.sh);
-# sourced after the caller has set mpirun, trainer, np_flag and the array mpi_flags. It gives:
+# shellcheck shell=bash
+# Shared by the tests that launch mnist_train under mpirun (dp_test.sh, failure_test.sh,
+# strategy_test.sh); sourced after the caller has set mpirun, trainer, np_flag and the array
+# mpi_flags (and compare, for compare_params). It gives:
 #  - a scratch directory $work, the current directory, removed on exit with any stray rank (every
 #    launch carries "$work" in its arguments, so pkill -f finds them);
 #  - fail / pass, which count in $failures, and finish, which ends the test by that count;
 #  - run NAME LIMIT_S NP flags...: mpirun under a timeout (a hang is a failure, never a wait);
-#    output in NAME.log, metrics in NAME.jsonl, exit status in $status, seconds in $took.
+#    output in NAME.log, metrics in NAME.jsonl, exit status in $status, seconds in $took;
+#  - compare_params WHAT A B [params_compare flags]: passes or fails with params_compare's
+#    numbers line.
 work=$(mktemp -d)
 trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
 unset RINGTRAIN_DATA
@@ -24,6 +28,17 @@ run() {
   took=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
   [ "$status" -eq 124 ] && fail "$name: timed out after $limit s (a hang): $(tail -n 20 "$name.log")"
   return 0
+}
+
+compare_params() {
+  local what=$1 a=$2 b=$3
+  shift 3
+  local out
+  if out=$("$compare" "$a" "$b" "$@" 2>&1); then
+    pass "$what: $(head -n 1 <<<"$out")"
+  else
+    fail "$what: $out"
+  fi
 }
 
 finish() {  # finish WHAT

@@ -89,10 +89,12 @@ class ShardServer {
   std::span<float> gradient_buffer(int worker, int64_t version);
 
   struct PushOutcome {
-    bool accepted = false;    // applied now or held for this version's update
-    bool applied = false;     // an update happened (the version advanced)
-    int64_t staleness = 0;    // version - the gradient's version, at arrival
-    std::vector<int> answer;  // workers to answer now with the current parameters
+    bool accepted = false;  // applied now or held for this version's update
+    bool applied = false;   // an update happened (the version advanced)
+    int64_t staleness = 0;  // version - the gradient's version, at arrival
+    // Workers to answer now with the current parameters; valid until the next push (it views
+    // a buffer of the server's, so that a push allocates nothing).
+    std::span<const int> answer;
   };
   // Worker `worker` pushes the gradient it computed on `version` (already in
   // gradient_buffer(worker, version)) with learning rate lr. Throws for a version from the
@@ -118,6 +120,7 @@ class ShardServer {
   // sync: one slot per worker for the current version, and who has filled theirs, in order.
   std::vector<std::vector<float>> slots_;
   std::vector<int> pending_;
+  std::vector<int> answer_;  // what PushOutcome::answer views
   std::vector<float> average_;
   std::vector<float> scratch_;  // stale sync gradients, async gradients
   std::vector<int64_t> applied_per_worker_;

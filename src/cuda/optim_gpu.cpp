@@ -67,8 +67,7 @@ class DeviceAdam final : public Optimizer {
   void step(std::span<float> params, std::span<const float> grads, float lr) override {
     check_device_step(params, grads, lr, num_params_);
     ++steps_;
-    // The per-step constants exactly as the CPU Adam computes them (gpu::adam_constants,
-    // checked against optim.cpp by the kernel tests).
+    // The per-step constants from the helper the CPU Adam calls too (optim_math.h).
     const gpu::AdamConstants c = gpu::adam_constants(lr, config_.beta1, config_.beta2,
                                                      config_.epsilon, config_.weight_decay, steps_);
     gpu::adam_update(params.data(), grads.data(), m_.data(), v_.data(), num_params_, c, stream_);

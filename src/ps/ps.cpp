@@ -87,6 +87,7 @@ ShardServer::ShardServer(const ShardServerConfig& config, ShardRange range,
     average_.assign(size, 0.0f);
     pending_.reserve(static_cast<size_t>(config.workers));
   }
+  answer_.reserve(static_cast<size_t>(config.workers));
 }
 
 void ShardServer::start(std::span<const float> params, const std::vector<std::vector<float>>& state,
@@ -143,11 +144,13 @@ ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr
                   worker, version, version_);
   PushOutcome outcome;
   outcome.staleness = version_ - version;
+  answer_.clear();
   if (config_.mode == PsMode::kSync) {
     if (version < version_) {  // computed for an older version: too late, dropped
       ++stats_.gradients;
       ++stats_.dropped_stale;
-      outcome.answer.push_back(worker);
+      answer_.push_back(worker);
+      outcome.answer = answer_;
       return outcome;
     }
     RINGTRAIN_CHECK(std::find(pending_.begin(), pending_.end(), worker) == pending_.end(),
@@ -171,13 +174,15 @@ ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr
     stats_.aggregated += static_cast<int64_t>(pending_.size());
     for (const int w : pending_) ++applied_per_worker_[static_cast<size_t>(w)];
     outcome.applied = true;
-    outcome.answer = pending_;
+    answer_.assign(pending_.begin(), pending_.end());
+    outcome.answer = answer_;
     pending_.clear();
     return outcome;
   }
   // async: apply on arrival unless too stale.
   ++stats_.gradients;
-  outcome.answer.push_back(worker);
+  answer_.push_back(worker);
+  outcome.answer = answer_;
   if (outcome.staleness > config_.max_staleness) {
     ++stats_.rejected_stale;
     return outcome;
