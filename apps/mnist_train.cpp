@@ -151,6 +151,10 @@ void add_flags(CLI::App& app, Options& o) {
                  "Where to train: cuda (the GPU given by this rank's local rank), cpu, or auto "
                  "(cuda when this build has the GPU path and a GPU is visible, else cpu)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  app.add_flag("--cuda-graphs", o.cuda_graphs,
+               "GPU, one rank: capture the step's upload, forward, loss and backward once as a "
+               "CUDA graph and replay it (one launch per step instead of one per kernel; same "
+               "results, bit for bit)");
   app.add_option("--log-every", o.log_every, "Steps between progress lines (0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-every", o.eval_every,
@@ -506,6 +510,19 @@ int run(Options o, MpiComm& comm) {
   spdlog::info("device: cpu ({})", device.why);
 #endif
   ctx.threads = o.threads;
+  if (o.cuda_graphs) {
+    // Said before anything is built: both are decided by flags and the machine alone.
+    if (ranks > 1)
+      throw Error(fmt::format("--cuda-graphs captures the one-rank step only ({} ranks here: the "
+                              "multi-rank step's gradient averaging is not captured yet); run "
+                              "without it",
+                              ranks),
+                  ExitCode::kUsage, /*on_every_rank=*/true);
+    if (device.device != Device::kCuda)
+      throw Error(
+          fmt::format("--cuda-graphs needs a GPU, and this run trains on the cpu ({})", device.why),
+          ExitCode::kUsage, /*on_every_rank=*/true);
+  }
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
                                     std::pair{"--test-nan-rank", o.test_nan_rank},
@@ -886,6 +903,8 @@ int run(Options o, MpiComm& comm) {
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
   StepWorkspace workspace;
+  workspace.cuda_graph = o.cuda_graphs;
+  int64_t graph_steps = 0;  // --cuda-graphs: steps that replayed a captured graph
   ProgressBar progress(rank == 0 ? total_steps - std::min(start_step, total_steps) : 0);
   const bool show_progress = rank == 0 && progress.enabled();
   StepTimes times;
@@ -946,6 +965,7 @@ int run(Options o, MpiComm& comm) {
     train_seconds += step_seconds;
     // A device step's time comes from CUDA events on the compute stream.
     times.add(stats.device_ms.value_or(step_seconds * 1000.0), stats.comm);
+    if (stats.graph_replayed.value_or(false)) ++graph_steps;
 
     if (!o.check_finite && !std::isfinite(stats.loss))
       throw Error(fmt::format("rank {}: the loss became {} at step {}: lower --lr (now {}), check "
@@ -1046,6 +1066,14 @@ int run(Options o, MpiComm& comm) {
       train_seconds, images_per_sec, step_ms, peak_rss_mb(),
       skipped_steps > 0 ? fmt::format(", {} update(s) skipped (--check-finite)", skipped_steps)
                         : std::string());
+#ifdef RINGTRAIN_HAVE_GPU
+  const int64_t graph_captures = step_graph_captures(workspace);
+#else
+  const int64_t graph_captures = 0;
+#endif
+  if (o.cuda_graphs)
+    spdlog::info("summary: CUDA graphs: {} of {} steps replayed a graph, {} capture(s)",
+                 graph_steps, trained_steps, graph_captures);
   spdlog::info(
       "summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
       "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
@@ -1079,6 +1107,9 @@ int run(Options o, MpiComm& comm) {
                             {"buckets", bucket_count},
                             {"threads", int64_t{o.threads}},
                             {"device", std::string(to_string(ctx.device))},
+                            {"cuda_graphs", o.cuda_graphs},
+                            {"graph_steps", graph_steps},
+                            {"graph_captures", graph_captures},
                             {"ema", ema.has_value()},
                             {"params", model->num_params()},
                             {"peak_rss_mb", peak_rss_mb()},

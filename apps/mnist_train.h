@@ -29,6 +29,7 @@ struct Options {
   uint64_t seed = 42;
   int threads = 1;
   std::string device = "auto";
+  bool cuda_graphs = false;
   int64_t log_every = 100;
   int64_t eval_every = 0;
   int64_t eval_batch = 1000;

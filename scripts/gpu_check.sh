@@ -36,7 +36,8 @@
 #   RINGTRAIN_NCCL_LIBRARY, RINGTRAIN_NCCL_INCLUDE, RINGTRAIN_CUDNN_LIBRARY,
 #   RINGTRAIN_CUDNN_INCLUDE  override the search below (a library file, a header directory)
 #   GPU_CHECK_SECONDS (2), GPU_CHECK_REPS (3), GPU_CHECK_MOMENTUM (0.9), JOBS (nproc),
-#   GPU_CHECK_CONFIGS ("mlp:128 mlp:512 cnn:128 cnn:512 mlp-wide:128 mlp-wide:512"),
+#   GPU_CHECK_CONFIGS (model[+variant...]:batch words; default: mlp, cnn, mlp-wide at 128 and
+#   512, and at 128 also +graphs (--cuda-graphs), cnn+cudnn, cnn+cudnn+graphs (--conv-impl cudnn)),
 #   GPU_CHECK_PYTHON (python3: the Python with PyTorch), GPU_CHECK_BUILD_DIR (build-gpu-check),
 #   GPU_CHECK_DEVICE (cuda; 'cpu' is for testing this script's own logic, never for figures)
 # How NCCL and cuDNN are found, first hit wins: the variables above; the CUDA toolkit's own
@@ -84,15 +85,29 @@ JOBS="${JOBS:-$(nproc)}"
 BUILD="${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu-check}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 PY="${GPU_CHECK_PYTHON:-python3}"   # the Python with PyTorch
-# "model name|mnist_train flags|batch" for each configuration timed
+# "name|mnist_train flags|batch" for each configuration timed. A name is a model (mlp, cnn,
+# mlp-wide) with optional ringtrain variants: +graphs (--cuda-graphs), +cudnn (--conv-impl
+# cudnn, cnn only). PyTorch times each model once per batch; every variant is compared with it.
 CONFIGS=()
-for c in ${GPU_CHECK_CONFIGS:-mlp:128 mlp:512 cnn:128 cnn:512 mlp-wide:128 mlp-wide:512}; do
-  case "${c%%:*}" in
-    mlp) CONFIGS+=("mlp|--model mlp|${c#*:}") ;;
-    cnn) CONFIGS+=("cnn|--model cnn|${c#*:}") ;;
-    mlp-wide) CONFIGS+=("mlp-wide|--model mlp --hidden 4096,4096|${c#*:}") ;;
+DEFAULT_CONFIGS="mlp:128 mlp+graphs:128 mlp:512 cnn:128 cnn+graphs:128 cnn+cudnn:128"
+DEFAULT_CONFIGS+=" cnn+cudnn+graphs:128 cnn:512 mlp-wide:128 mlp-wide+graphs:128 mlp-wide:512"
+for c in ${GPU_CHECK_CONFIGS:-$DEFAULT_CONFIGS}; do
+  name="${c%%:*}" batch="${c#*:}"
+  IFS=+ read -ra parts <<<"$name"
+  case "${parts[0]}" in
+    mlp) flags="--model mlp" ;;
+    cnn) flags="--model cnn" ;;
+    mlp-wide) flags="--model mlp --hidden 4096,4096" ;;
     *) echo "gpu_check: GPU_CHECK_CONFIGS: unknown model in '$c'" >&2; exit 2 ;;
   esac
+  for variant in "${parts[@]:1}"; do
+    case "$variant" in
+      graphs) flags+=" --cuda-graphs" ;;
+      cudnn) flags+=" --conv-impl cudnn" ;;
+      *) echo "gpu_check: GPU_CHECK_CONFIGS: unknown variant '$variant' in '$c'" >&2; exit 2 ;;
+    esac
+  done
+  CONFIGS+=("$name|$flags|$batch")
 done
 SHORT_STEPS=100   # ringtrain's short run per configuration: its time less the long run's is warm-up free
 
@@ -626,9 +641,10 @@ print(f'{(ls - ss) * b / dt:.1f}' if dt > 0 and ls > ss else '')" "$l_steps" "$l
       done
     fi
     if (($(left) < 45)); then log "timings: budget spent, skipping PyTorch round $round"; BENCH_RC=3; break; fi
-    cfgs="$(for cfg in "${CONFIGS[@]}"; do IFS='|' read -r name _ batch <<<"$cfg"; printf '%s:%s,' "$name" "$batch"; done)"
+    # PyTorch: each model and batch once (variants are ringtrain's)
+    cfgs="$(for cfg in "${CONFIGS[@]}"; do IFS='|' read -r name _ batch <<<"$cfg"; printf '%s:%s\n' "${name%%+*}" "$batch"; done | awk '!seen[$0]++' | paste -sd, -)"
     PYTHONUNBUFFERED=1 timeout "$(limit 150)" "$PY" "$ROOT/scripts/bench_gpu_torch.py" --device "$DEVICE" \
-      --configs "${cfgs%,}" --data-dir "$DATA_DIR" --seconds "$SECONDS_PER_RUN" --reps 1 --warmup 30 \
+      --configs "$cfgs" --data-dir "$DATA_DIR" --seconds "$SECONDS_PER_RUN" --reps 1 --warmup 30 \
       --momentum "$MOMENTUM" --lr 0.01 --seed 42 \
       >"$LOGS/pytorch-r$round.csv" 2>"$LOGS/pytorch-r$round.log"
     rc=$?
@@ -701,14 +717,19 @@ if runs:
             "| ringtrain img/s, warm-up excluded | its ratio |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"mlp": 0, "cnn": 1, "mlp-wide": 2}
-    for (model, batch) in sorted(runs, key=lambda k: (order.get(k[0], 9), k[1])):
+    variant_flags = {"graphs": "--cuda-graphs", "cudnn": "--conv-impl cudnn"}
+    ours_keys = [k for k in runs if "ringtrain" in runs[k] or "ringtrain-steady" in runs[k]]
+    for (model, batch) in sorted(ours_keys, key=lambda k: (order.get(k[0].split("+")[0], 9), k[1], k[0])):
         s = runs[(model, batch)]
-        ours, steady, torch = s.get("ringtrain", []), s.get("ringtrain-steady", []), s.get("pytorch", [])
+        base, *variants = model.split("+")
+        ours, steady = s.get("ringtrain", []), s.get("ringtrain-steady", [])
+        torch = runs.get((base, batch), {}).get("pytorch", [])
         ratio = statistics.median(ours) / statistics.median(torch) if ours and torch else None
         ratio2 = statistics.median(steady) / statistics.median(torch) if steady and torch else None
         target = "1.5x" if batch == 128 else "-"
         met = "-" if ratio is None or batch != 128 else ("yes" if ratio >= 1.5 else "no")
-        name = "mlp --hidden 4096,4096" if model == "mlp-wide" else model
+        name = " ".join(["mlp --hidden 4096,4096" if base == "mlp-wide" else base]
+                        + [variant_flags.get(v, "+" + v) for v in variants])
         out.append(f"| {name} | {batch} | {cell(ours)} | {cell(torch)} | "
                    f"{f'{ratio:.2f}x' if ratio else '-'} | {target} | {met} | {cell(steady)} | "
                    f"{f'{ratio2:.2f}x' if ratio2 else '-'} |")

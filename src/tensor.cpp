@@ -2,6 +2,7 @@
 #include "ringtrain/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,18 @@ std::string Shape::str() const {
 }
 
 namespace {
+std::atomic<uint64_t> device_allocation_count{0};
+}  // namespace
+
+uint64_t device_allocations() {
+  return device_allocation_count.load(std::memory_order_relaxed);
+}
+
+void note_device_allocation() {
+  device_allocation_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
 std::shared_ptr<float> allocate_aligned(int64_t count) {
   constexpr size_t kAlign = 64;
   size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
@@ -87,6 +100,7 @@ std::shared_ptr<float> allocate_aligned(int64_t count) {
 // first step finishes, never inside a steady-state step.
 std::shared_ptr<float> allocate_device(int64_t count) {
 #ifdef RINGTRAIN_HAVE_GPU
+  note_device_allocation();
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
   void* p = nullptr;
   const cudaError_t status = cudaMalloc(&p, bytes);

@@ -6,7 +6,9 @@
 // cuBLAS runs in CUBLAS_DEFAULT_MATH: full float32 products, no TF32 tensor-op rounding (which
 // would make GPU results differ from the CPU's by ~1e-3 relative instead of ~1e-6), so the
 // GPU-equals-CPU tests can use float tolerances. cuBLAS's GEMMs are deterministic run to run
-// on one GPU model with one stream per handle, which is how they are used here.
+// on one GPU model with one stream per handle, which is how they are used here. The handle
+// gets its own workspace (kCublasWorkspaceBytes, once): cuBLAS then never allocates inside a
+// step, which a captured CUDA graph requires, and eager and captured steps use the same one.
 //
 // Only the GPU build defines this class (src/cuda/gpu_context.cpp); the header itself needs no
 // CUDA headers, so code that merely passes it around compiles in every build.
@@ -37,6 +39,7 @@ class GpuContext {
 
  private:
   Context ctx_;
+  void* blas_workspace_ = nullptr;  // device memory given to cuBLAS (see gpu_context.cpp)
 };
 
 // Makes `gpu` the current device of the calling thread (the communication thread calls it).

@@ -40,12 +40,19 @@ struct StepStats {
   // Device steps: the step's time on the compute stream, from upload to update, measured with
   // CUDA events (it includes waiting for the communication stream). Unset on the CPU.
   std::optional<double> device_ms;
+  // Device steps with StepWorkspace::cuda_graph: whether this step replayed a captured graph
+  // (false for the eager steps that precede a capture). Unset on the CPU.
+  std::optional<bool> graph_replayed;
 };
 
 struct DeviceStepState;  // the device step's buffers (src/cuda/train_gpu.cpp)
 struct StepWorkspace {
   Tensor dlogits;                           // [B, classes], on the model's device
   std::shared_ptr<DeviceStepState> device;  // device steps: images, labels, loss statistics
+  // Device steps without a bucketer (one rank): replay the upload, forward, loss and backward
+  // as one captured CUDA graph instead of launching each kernel from the host (mnist_train
+  // --cuda-graphs). See train_step_device.
+  bool cuda_graph = false;
 };
 
 // With a bucketer, each layer's gradients are handed to it as backward finishes them and the
@@ -74,10 +81,23 @@ StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, flo
 // moves before the optimizer (the guard decides on the loss and on the gradients' non-finite
 // count, computed on the device), and the end waits for the update. (Reading the loss
 // asynchronously, a step late, would let the host run ahead; not done yet.)
+//
+// With workspace.cuda_graph (and no bucketer: the multi-rank step is not captured), the upload,
+// forward, loss and backward are captured once into a CUDA graph and replayed: one launch
+// instead of one per kernel, for these launch-bound models. The first step of a batch shape
+// runs eagerly (it allocates the activations and loads cuBLAS's kernels); the next one with
+// the same shape captures and replays; later ones replay. A graph bakes in every pointer it
+// was captured with, so it is recaptured whenever any device tensor was allocated since
+// (device_allocations(): an evaluation with a larger batch, say) or the staging buffers moved.
+// The optimizer, the --check-finite count and the read-back stay outside the graph (the
+// learning rate and Adam's step change every step). Replaying runs the same kernels with the
+// same arguments, so the results are the eager step's, bit for bit.
 StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
                             StepWorkspace& workspace, Context& ctx,
                             DeviceGradBucketer* bucketer = nullptr,
                             const BeforeUpdateFn& before_update = {});
+// How many step graphs this workspace has captured (GPU build; each recapture counts).
+int64_t step_graph_captures(const StepWorkspace& workspace);
 
 struct EvalResult {
   int64_t correct = 0;

@@ -24,6 +24,7 @@ struct CublasLibrary {
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSetPointerMode_v2) set_pointer_mode = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
   decltype(&cublasSgemm_v2) sgemm = nullptr;
 };
@@ -52,6 +53,7 @@ const CublasLibrary* cublas() {
              resolve(library.handle, "cublasSetStream_v2", library.set_stream) &&
              resolve(library.handle, "cublasSetPointerMode_v2", library.set_pointer_mode) &&
              resolve(library.handle, "cublasSetMathMode", library.set_math_mode) &&
+             resolve(library.handle, "cublasSetWorkspace_v2", library.set_workspace) &&
              resolve(library.handle, "cublasGetStatusString", library.status_string) &&
              resolve(library.handle, "cublasSgemm_v2", library.sgemm);
   });
@@ -88,6 +90,12 @@ cublasStatus_t CUBLASWINAPI cublasSetPointerMode_v2(cublasHandle_t handle,
 cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   const CublasLibrary* lib = cublas();
   return lib ? lib->set_math_mode(handle, mode) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t CUBLASWINAPI cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace,
+                                                  size_t bytes) {
+  const CublasLibrary* lib = cublas();
+  return lib ? lib->set_workspace(handle, workspace, bytes) : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {

@@ -11,6 +11,12 @@
 
 namespace ringtrain {
 
+namespace {
+// cuBLAS's guide recommends 32 MiB of workspace on Hopper (its own default pool there); less
+// can make it choose other (slower) GEMM kernels.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+}  // namespace
+
 void set_current_gpu(int gpu) {
   RINGTRAIN_CHECK_CUDA(cudaSetDevice(gpu));
 }
@@ -26,6 +32,7 @@ GpuContext::GpuContext(int gpu) {
   cudaStream_t compute = nullptr, comm = nullptr;
   cublasHandle_t blas = nullptr;
   cudnnHandle_t dnn = nullptr;
+  void* blas_workspace = nullptr;
   try {
     // Non-blocking: neither stream synchronises with the legacy default stream, so a stray
     // default-stream call elsewhere cannot serialise compute and communication.
@@ -36,11 +43,15 @@ GpuContext::GpuContext(int gpu) {
     // Full float32 arithmetic (no TF32): see the header.
     RINGTRAIN_CHECK_CUBLAS(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
     RINGTRAIN_CHECK_CUBLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+    // After cublasSetStream, which resets the workspace to cuBLAS's pool.
+    RINGTRAIN_CHECK_CUDA(cudaMalloc(&blas_workspace, kCublasWorkspaceBytes));
+    RINGTRAIN_CHECK_CUBLAS(cublasSetWorkspace(blas, blas_workspace, kCublasWorkspaceBytes));
     RINGTRAIN_CHECK_CUDNN(cudnnCreate(&dnn));
     RINGTRAIN_CHECK_CUDNN(cudnnSetStream(dnn, compute));
   } catch (...) {
     if (dnn != nullptr) (void)cudnnDestroy(dnn);
     if (blas != nullptr) (void)cublasDestroy(blas);
+    if (blas_workspace != nullptr) (void)cudaFree(blas_workspace);
     if (comm != nullptr) (void)cudaStreamDestroy(comm);
     if (compute != nullptr) (void)cudaStreamDestroy(compute);
     throw;
@@ -49,6 +60,7 @@ GpuContext::GpuContext(int gpu) {
   ctx_.comm_stream = comm;
   ctx_.blas = blas;
   ctx_.dnn = dnn;
+  blas_workspace_ = blas_workspace;
 }
 
 GpuContext::~GpuContext() {
@@ -58,6 +70,7 @@ GpuContext::~GpuContext() {
   (void)cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.comm_stream));
   (void)cudnnDestroy(static_cast<cudnnHandle_t>(ctx_.dnn));
   (void)cublasDestroy(static_cast<cublasHandle_t>(ctx_.blas));
+  (void)cudaFree(blas_workspace_);
   (void)cudaStreamDestroy(static_cast<cudaStream_t>(ctx_.comm_stream));
   (void)cudaStreamDestroy(static_cast<cudaStream_t>(ctx_.stream));
 }

@@ -12,6 +12,31 @@
 
 namespace ringtrain {
 
+// Everything a captured step graph baked in: it may be replayed only while all of it is
+// unchanged. `allocations` (device_allocations()) stands for every device pointer inside the
+// model (activations, gradients) and its layers' caches, which change only by allocating.
+struct StepGraphKey {
+  const Model* model = nullptr;
+  const void* stream = nullptr;
+  const void* blas = nullptr;
+  const void* dnn = nullptr;
+  Shape image_shape;
+  const float* images = nullptr;
+  const int32_t* labels = nullptr;
+  const float* host_images = nullptr;
+  const int32_t* host_labels = nullptr;
+  const float* dlogits = nullptr;
+  uint64_t allocations = 0;
+
+  bool operator==(const StepGraphKey& other) const {
+    return model == other.model && stream == other.stream && blas == other.blas &&
+           dnn == other.dnn && image_shape == other.image_shape && images == other.images &&
+           labels == other.labels && host_images == other.host_images &&
+           host_labels == other.host_labels && dlogits == other.dlogits &&
+           allocations == other.allocations;
+  }
+};
+
 // The step's device buffers, allocated on first use and grown only when a batch is larger.
 struct DeviceStepState {
   Tensor images{Device::kCuda};
@@ -28,6 +53,13 @@ struct DeviceStepState {
   int32_t* host_labels = nullptr;
   int64_t image_capacity = 0;
   cudaEvent_t step_start = nullptr, step_end = nullptr;  // the step on the compute stream
+  // StepWorkspace::cuda_graph: the captured upload + forward + loss + backward, what it was
+  // captured with, and what the last eager step ran with (a capture follows an eager step with
+  // the same key, so that the capture itself never allocates).
+  cudaGraphExec_t graph = nullptr;
+  StepGraphKey graph_key, eager_key;
+  bool have_eager_key = false;
+  int64_t captures = 0;  // graphs captured so far (tests, logs)
 
   DeviceStepState() {
     try {
@@ -47,6 +79,8 @@ struct DeviceStepState {
   DeviceStepState& operator=(const DeviceStepState&) = delete;
 
   void release() {
+    if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
+    graph = nullptr;
     (void)cudaFree(labels);
     (void)cudaFree(stats);
     (void)cudaFree(nonfinite);
@@ -66,9 +100,10 @@ struct DeviceStepState {
     host_nonfinite = nullptr;
   }
 
-  // Range-checks the labels on the host (as the CPU loss does, before any work is queued) and
-  // queues the uploads of images and labels on `stream`.
-  void upload(const Batch& batch, cudaStream_t stream) {
+  // Checks the batch, grows the buffers when it is larger than any before, copies it into the
+  // pinned staging buffers and shapes `images`; nothing is queued. (The labels' range is checked
+  // by check_labels before.)
+  void stage(const Batch& batch, cudaStream_t stream) {
     const int64_t rows = batch.images.dim(0);
     RINGTRAIN_CHECK(
         batch.images.device() == Device::kCpu && static_cast<int64_t>(batch.labels.size()) == rows,
@@ -98,10 +133,22 @@ struct DeviceStepState {
     std::copy_n(batch.images.data(), values, host_images);
     std::copy_n(batch.labels.data(), rows, host_labels);
     images.resize(batch.images.shape());
-    copy_floats_async(images.data(), Device::kCuda, host_images, Device::kCpu, values, stream);
+  }
+
+  // Queues the staged batch's upload on `stream` (a captured graph replays these copies: they
+  // read the pinned buffers when the graph runs, so stage() refills them before each launch).
+  void enqueue_upload(cudaStream_t stream) {
+    const int64_t rows = images.dim(0);
+    copy_floats_async(images.data(), Device::kCuda, host_images, Device::kCpu, images.numel(),
+                      stream);
     RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(labels, host_labels,
                                          static_cast<size_t>(rows) * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, stream));
+  }
+
+  void upload(const Batch& batch, cudaStream_t stream) {
+    stage(batch, stream);
+    enqueue_upload(stream);
   }
 
   // Queues the copy of the loss statistics (and the non-finite count) to pinned memory and
@@ -138,28 +185,17 @@ void fill_loss(StepStats& stats, const gpu::XentStats& host, int64_t rows) {
   stats.correct = static_cast<int64_t>(host.correct);
 }
 
-}  // namespace
-
-StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                            StepWorkspace& workspace, Context& ctx, DeviceGradBucketer* bucketer,
-                            const BeforeUpdateFn& before_update) {
-  RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda &&
-                      optimizer.device() == Device::kCuda,
-                  "a device step needs a CUDA context, a device model and a device optimizer");
+// Queues the step's graph-capturable part on `stream`: the upload, forward, the loss and
+// backward (with a bucketer, also its events and the communication stream's rings).
+void enqueue_forward_backward(Model& model, DeviceStepState& state, StepWorkspace& workspace,
+                              Context& ctx, DeviceGradBucketer* bucketer) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  DeviceStepState& state = state_of(workspace);
-  check_labels(batch.labels, model.output_shape().numel());
-  RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
-  state.upload(batch, stream);
-
+  state.enqueue_upload(stream);
   const Tensor& logits = model.forward(state.images, ctx);
-  const int64_t rows = logits.dim(0), classes = logits.dim(1);
-  if (workspace.dlogits.device() != Device::kCuda) workspace.dlogits = Tensor(Device::kCuda);
-  workspace.dlogits.resize(logits.shape());
-  gpu::softmax_xent(logits.data(), state.labels, workspace.dlogits.data(), rows, classes,
-                    state.stats, stream);
-  StepStats stats;
-  stats.samples = rows;
+  RINGTRAIN_CHECK(logits.shape() == workspace.dlogits.shape(), "logits {} but dlogits {}",
+                  logits.shape().str(), workspace.dlogits.shape().str());
+  gpu::softmax_xent(logits.data(), state.labels, workspace.dlogits.data(), logits.dim(0),
+                    logits.dim(1), state.stats, stream);
   if (bucketer != nullptr) {
     bucketer->begin_backward();
     model.backward(workspace.dlogits, ctx,
@@ -167,6 +203,109 @@ StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& bat
     bucketer->finish();  // the compute stream now waits for the averaged gradients
   } else {
     model.backward(workspace.dlogits, ctx);
+  }
+}
+
+StepGraphKey graph_key_of(const Model& model, const DeviceStepState& state,
+                          const StepWorkspace& workspace, const Context& ctx) {
+  return StepGraphKey{.model = &model,
+                      .stream = ctx.stream,
+                      .blas = ctx.blas,
+                      .dnn = ctx.dnn,
+                      .image_shape = state.images.shape(),
+                      .images = state.images.data(),
+                      .labels = state.labels,
+                      .host_images = state.host_images,
+                      .host_labels = state.host_labels,
+                      .dlogits = workspace.dlogits.data(),
+                      .allocations = device_allocations()};
+}
+
+// Captures enqueue_forward_backward into state.graph (replacing any older graph). Capture
+// queues nothing: the caller launches the graph. ThreadLocal mode: a call on this thread that
+// could synchronise implicitly (a cudaMalloc, say) fails the capture instead of silently
+// running outside the graph; other threads (the watchdog's) are not affected.
+void capture_step(Model& model, DeviceStepState& state, StepWorkspace& workspace, Context& ctx) {
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  const uint64_t allocations_before = device_allocations();
+  RINGTRAIN_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_forward_backward(model, state, workspace, ctx, nullptr);
+  } catch (...) {
+    // End the capture so the stream is usable again; the partial graph is discarded.
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(stream, &partial);
+    if (partial != nullptr) (void)cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  RINGTRAIN_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);  // the executable graph is independent of it
+  RINGTRAIN_CHECK_CUDA(instantiated);
+  if (device_allocations() != allocations_before) {
+    // Something allocated device memory while capturing: the graph may point at buffers that
+    // the eager steps do not use. Never replay it.
+    (void)cudaGraphExecDestroy(exec);
+    RINGTRAIN_FAIL(
+        "a device allocation happened while capturing the training step's CUDA graph (an "
+        "internal error: the eager step before it should have made every buffer); run "
+        "without --cuda-graphs");
+  }
+  if (state.graph != nullptr) RINGTRAIN_CHECK_CUDA(cudaGraphExecDestroy(state.graph));
+  state.graph = exec;
+  ++state.captures;
+}
+
+}  // namespace
+
+int64_t step_graph_captures(const StepWorkspace& workspace) {
+  return workspace.device ? workspace.device->captures : 0;
+}
+
+StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
+                            StepWorkspace& workspace, Context& ctx, DeviceGradBucketer* bucketer,
+                            const BeforeUpdateFn& before_update) {
+  RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda &&
+                      optimizer.device() == Device::kCuda,
+                  "a device step needs a CUDA context, a device model and a device optimizer");
+  RINGTRAIN_CHECK(!(workspace.cuda_graph && bucketer != nullptr),
+                  "CUDA graphs capture the one-rank step only (the multi-rank step's gradient "
+                  "averaging is not captured): run without --cuda-graphs");
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  DeviceStepState& state = state_of(workspace);
+  const int64_t classes = model.output_shape().numel();
+  check_labels(batch.labels, classes);
+  state.stage(batch, stream);
+  const int64_t rows = state.images.dim(0);
+  if (workspace.dlogits.device() != Device::kCuda) workspace.dlogits = Tensor(Device::kCuda);
+  workspace.dlogits.resize(Shape{rows, classes});
+  RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
+
+  StepStats stats;
+  stats.samples = rows;
+  if (workspace.cuda_graph) {
+    const StepGraphKey key = graph_key_of(model, state, workspace, ctx);
+    const bool replay = state.graph != nullptr && key == state.graph_key;
+    if (!replay && state.have_eager_key && key == state.eager_key) {
+      capture_step(model, state, workspace, ctx);
+      state.graph_key = key;
+    }
+    if (state.graph != nullptr && key == state.graph_key) {
+      RINGTRAIN_CHECK_CUDA(cudaGraphLaunch(state.graph, stream));
+      stats.graph_replayed = true;
+    } else {
+      enqueue_forward_backward(model, state, workspace, ctx, nullptr);
+      // After the step: whatever it allocated (the first step's activations) is now part of
+      // the key, so the next step with this shape captures.
+      state.eager_key = graph_key_of(model, state, workspace, ctx);
+      state.have_eager_key = true;
+      stats.graph_replayed = false;
+    }
+  } else {
+    enqueue_forward_backward(model, state, workspace, ctx, bucketer);
   }
   Tensor& params = model.params();
   const Tensor& grads = model.grads();

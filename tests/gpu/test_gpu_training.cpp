@@ -188,3 +188,89 @@ TEST_CASE("the stream overlap engine: the optimizer waits for the communication 
                     &engine);
   CHECK(bucketed->params_to_host() == before);
 }
+
+namespace {
+
+// Trains `model_name` for the given batch sizes, eagerly or with captured graphs, evaluating a
+// larger batch after step `eval_after` (-1: never): the evaluation grows the activations, so a
+// graph run must notice and recapture. Returns the parameters and every step's statistics.
+struct GraphRun {
+  std::vector<float> params;
+  std::vector<StepStats> steps;
+  int64_t captures = 0;
+};
+GraphRun train_graph_or_eager(const std::string& model_name, const OptimizerConfig& config,
+                              const std::vector<int64_t>& batch_sizes, int eval_after,
+                              bool graphs) {
+  Context& ctx = gpu_context().context();
+  ModelSpec spec{.name = model_name, .device = Device::kCuda};
+  if (model_name == "mlp") spec.hidden = {128, 64};
+  auto model = make_model(spec);
+  model->init_params(11);
+  auto opt = make_optimizer(config, model->num_params(), ctx);
+  StepWorkspace ws;
+  ws.cuda_graph = graphs;
+  GraphRun run;
+  for (size_t step = 0; step < batch_sizes.size(); ++step) {
+    // A learning rate that changes every step: it must reach the optimizer, outside the graph.
+    const float lr = 0.01f / static_cast<float>(step + 1);
+    run.steps.push_back(train_step_device(
+        *model, *opt, synthetic_batch(batch_sizes[step], 300 + static_cast<uint32_t>(step)), lr, ws,
+        ctx));
+    if (static_cast<int>(step) == eval_after)
+      (void)evaluate_batch_device(*model, synthetic_batch(100, 9), ctx);
+  }
+  run.params = model->params_to_host();
+  run.captures = step_graph_captures(ws);
+  return run;
+}
+
+void check_graph_equals_eager(const std::string& model_name, const OptimizerConfig& config,
+                              const std::vector<int64_t>& batch_sizes, int eval_after,
+                              const std::vector<bool>& expected_replays,
+                              int64_t expected_captures) {
+  INFO(model_name << " " << config.kind);
+  const GraphRun eager = train_graph_or_eager(model_name, config, batch_sizes, eval_after, false);
+  const GraphRun graph = train_graph_or_eager(model_name, config, batch_sizes, eval_after, true);
+  REQUIRE(graph.steps.size() == expected_replays.size());
+  for (size_t step = 0; step < graph.steps.size(); ++step) {
+    INFO("step " << step);
+    CHECK(!eager.steps[step].graph_replayed.has_value());
+    CHECK(graph.steps[step].graph_replayed == std::optional<bool>(expected_replays[step]));
+    // The same kernels with the same arguments: the same bits.
+    CHECK(graph.steps[step].loss == eager.steps[step].loss);
+    CHECK(graph.steps[step].correct == eager.steps[step].correct);
+  }
+  CHECK(graph.captures == expected_captures);
+  CHECK(eager.captures == 0);
+  CHECK(graph.params == eager.params);
+}
+
+}  // namespace
+
+TEST_CASE("a step replayed from a CUDA graph gives the eager step's bits", "[gpu][graphs]") {
+  // Step 0 eager (allocates), step 1 captures and replays, later steps replay.
+  const std::vector<int64_t> batches(6, 32);
+  const std::vector<bool> replays = {false, true, true, true, true, true};
+  check_graph_equals_eager("mlp", {.kind = "sgd", .momentum = 0.9f}, batches, -1, replays, 1);
+  check_graph_equals_eager("mlp", {.kind = "adam"}, batches, -1, replays, 1);
+  check_graph_equals_eager("cnn", {.kind = "sgd", .momentum = 0.9f, .nesterov = true}, batches, -1,
+                           replays, 1);
+  check_graph_equals_eager("cnn", {.kind = "adam"}, batches, -1, replays, 1);
+}
+
+TEST_CASE("a step graph is recaptured when buffers move or the batch shape changes",
+          "[gpu][graphs]") {
+  // The evaluation after step 2 grows the activations (batch 100 > 32): step 3 must not replay
+  // the old graph (it would write freed memory); it runs eagerly and step 4 recaptures.
+  check_graph_equals_eager("cnn", {.kind = "sgd"}, {32, 32, 32, 32, 32, 32}, 2,
+                           {false, true, true, false, true, true}, 2);
+  // A smaller batch (an epoch's last, say) runs eagerly in the buffers it shrank into (nothing
+  // is allocated), so the next batch of the usual shape finds its graph still valid.
+  check_graph_equals_eager("mlp", {.kind = "sgd"}, {32, 32, 32, 16, 32, 32, 32}, -1,
+                           {false, true, true, false, true, true, true}, 1);
+  // Two sizes alternating after a first eager step of each: each new shape is eager once, then
+  // captured (one graph at a time, so every switch recaptures).
+  check_graph_equals_eager("mlp", {.kind = "sgd"}, {32, 16, 16, 32, 32}, -1,
+                           {false, false, true, false, true}, 2);
+}
