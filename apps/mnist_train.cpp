@@ -273,11 +273,13 @@ void add_flags(CLI::App& app, Options& o) {
 EvalResult evaluate_test(Comm& comm, Model& model, const Dataset& test, const Options& o,
                          const WeightEma* ema, Batch& scratch, Context& ctx) {
   if (ema == nullptr) return evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
-  if (model.device() != Device::kCpu) {  // explicit copies to and from the device
-    const std::vector<float> trained = model.params_to_host();
-    model.params_from_host(ema->shadow());
+  if (model.device() != Device::kCpu) {  // device-to-device copies of the trained weights
+    Tensor& params = model.params();
+    Tensor trained(params.shape(), Device::kCuda);
+    copy_floats(trained.data(), Device::kCuda, params.data(), Device::kCuda, params.numel());
+    copy_floats(params.data(), Device::kCuda, ema->shadow_data(), ema->device(), params.numel());
     EvalResult result = evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
-    model.params_from_host(trained);
+    copy_floats(params.data(), Device::kCuda, trained.data(), Device::kCuda, params.numel());
     return result;
   }
   Tensor& params = model.params();
@@ -666,10 +668,9 @@ int run(Options o, MpiComm& comm) {
     broadcast_params(comm, *model);
   }
   if (o.ema_decay > 0.0f) {
-    // On a GPU the average is kept on the host from a copy of the weights after each step
-    // (one 4-bytes-per-parameter download per step; a device EMA is future work).
+    // On a GPU the average is device memory, updated on the compute stream after each step.
     if (on_gpu) {
-      ema.emplace(o.ema_decay, std::span<const float>(model->params_to_host()));
+      ema.emplace(o.ema_decay, model->params().data(), model->num_params(), ctx.stream);
     } else {
       ema.emplace(o.ema_decay, std::span<const float>(params));
     }
@@ -831,7 +832,7 @@ int run(Options o, MpiComm& comm) {
     if (ema) {
       c.ema_decay = ema->decay();
       c.ema_updates = ema->updates();
-      c.ema_shadow.assign(ema->shadow().begin(), ema->shadow().end());
+      c.ema_shadow = ema->shadow_to_host();
     }
     const std::string path = checkpoints->save(c);
     spdlog::info("checkpoint: step {} written to {} in {:.0f} ms", done, path,
@@ -956,7 +957,8 @@ int run(Options o, MpiComm& comm) {
     }
     if (ema && stats.updated) {
       if (on_gpu) {
-        ema->update(model->params_to_host());
+        const Tensor& device_params = model->params();
+        ema->update({device_params.data(), static_cast<size_t>(device_params.numel())});
       } else {
         ema->update(params);
       }

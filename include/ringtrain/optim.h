@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ringtrain/context.h"
+#include "ringtrain/tensor.h"
 
 namespace ringtrain {
 
@@ -81,20 +82,36 @@ float learning_rate(const LrSchedule& schedule, int64_t step);
 // Exponential moving average of the weights (TensorFlow's ExponentialMovingAverage with
 // num_updates): decay_t = min(decay, (1 + t) / (10 + t)); shadow = decay_t * shadow +
 // (1 - decay_t) * params. The shadow starts as a copy of the parameters.
+//
+// It lives where the parameters do. On a GPU (the second constructor, GPU build) the shadow is
+// device memory updated by gpu::ema_update on the given stream, queued after the step's
+// optimizer: no download per step, and the same float operations as the host loop, so both
+// give the same bits.
 class WeightEma {
  public:
   WeightEma(float decay, std::span<const float> params);
+  // device_params: n floats of device memory (a device model's flat parameter buffer).
+  WeightEma(float decay, const float* device_params, int64_t n, void* stream);
+  // params: host memory for a host average, device memory for a device one.
   void update(std::span<const float> params);
-  std::span<const float> shadow() const { return shadow_; }
+  Device device() const { return shadow_.device(); }
+  int64_t size() const { return shadow_.numel(); }
+  // The host shadow (a host average only; a device one throws: use shadow_to_host).
+  std::span<const float> shadow() const;
+  // The shadow's device or host memory, where device() says.
+  const float* shadow_data() const { return shadow_.data(); }
+  // An explicit copy, from either device (a device copy waits for the queued updates).
+  std::vector<float> shadow_to_host() const;
   int64_t updates() const { return updates_; }
   float decay() const { return decay_; }
-  // Restores a checkpoint's shadow and update count (same length as the parameters).
+  // Restores a checkpoint's shadow (host memory, the parameters' length) and update count.
   void restore(std::span<const float> shadow, int64_t updates);
 
  private:
   float decay_;
   int64_t updates_ = 0;
-  std::vector<float> shadow_;
+  Tensor shadow_;           // [num_params], on the parameters' device
+  void* stream_ = nullptr;  // cudaStream_t of a device average's updates
 };
 
 }  // namespace ringtrain

@@ -274,3 +274,31 @@ TEST_CASE("a step graph is recaptured when buffers move or the batch shape chang
   check_graph_equals_eager("mlp", {.kind = "sgd"}, {32, 16, 16, 32, 32}, -1,
                            {false, false, true, false, true}, 2);
 }
+
+TEST_CASE("a device weight average equals the host one, bit for bit", "[gpu][ema]") {
+  Context& ctx = gpu_context().context();
+  auto model = make_model({.name = "cnn", .device = Device::kCuda});
+  model->init_params(5);
+  auto opt = make_optimizer({.kind = "sgd", .momentum = 0.9f}, model->num_params(), ctx);
+  const Tensor& params = model->params();
+  WeightEma device_ema(0.99f, params.data(), params.numel(), ctx.stream);
+  WeightEma host_ema(0.99f, model->params_to_host());
+  CHECK(device_ema.device() == Device::kCuda);
+  CHECK_THROWS_WITH(device_ema.shadow(), Catch::Contains("shadow_to_host"));
+  StepWorkspace ws;
+  for (int step = 0; step < 4; ++step) {
+    train_step_device(*model, *opt, synthetic_batch(16, 70 + static_cast<uint32_t>(step)), 0.05f,
+                      ws, ctx);
+    device_ema.update({params.data(), static_cast<size_t>(params.numel())});
+    host_ema.update(model->params_to_host());
+  }
+  CHECK(device_ema.updates() == 4);
+  const std::vector<float> device_shadow = device_ema.shadow_to_host();
+  CHECK(device_shadow == std::vector<float>(host_ema.shadow().begin(), host_ema.shadow().end()));
+  CHECK(device_shadow != model->params_to_host());  // it is an average, not a copy
+  // A checkpoint's shadow goes back to the device as it was.
+  WeightEma restored(0.99f, params.data(), params.numel(), ctx.stream);
+  restored.restore(device_shadow, device_ema.updates());
+  CHECK(restored.shadow_to_host() == device_shadow);
+  CHECK(restored.updates() == 4);
+}
