@@ -155,6 +155,9 @@ void add_flags(CLI::App& app, Options& o) {
                "GPU, one rank: capture the step's upload, forward, loss and backward once as a "
                "CUDA graph and replay it (one launch per step instead of one per kernel; same "
                "results, bit for bit)");
+  app.add_flag("--data-on-gpu", o.data_on_gpu,
+               "GPU: copy the training set to the GPU once and gather each batch there (no "
+               "image upload per step; the same batches, bit for bit)");
   app.add_option("--log-every", o.log_every, "Steps between progress lines (0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-every", o.eval_every,
@@ -524,6 +527,15 @@ int run(Options o, MpiComm& comm) {
       throw Error(
           fmt::format("--cuda-graphs needs a GPU, and this run trains on the cpu ({})", device.why),
           ExitCode::kUsage, /*on_every_rank=*/true);
+  }
+  if (o.data_on_gpu) {
+    if (device.device != Device::kCuda)
+      throw Error(
+          fmt::format("--data-on-gpu needs a GPU, and this run trains on the cpu ({})", device.why),
+          ExitCode::kUsage, /*on_every_rank=*/true);
+    if (o.test_nan_rank >= 0)
+      throw Error("--test-nan-rank writes its NaN into a host batch: run without --data-on-gpu",
+                  ExitCode::kUsage, /*on_every_rank=*/true);
   }
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
@@ -903,6 +915,17 @@ int run(Options o, MpiComm& comm) {
 #endif
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
+#ifdef RINGTRAIN_HAVE_GPU
+  // --data-on-gpu: the training set's bytes on the GPU, each batch gathered there.
+  std::shared_ptr<const DeviceDataset> device_train;
+  if (o.data_on_gpu) {
+    device_train = upload_dataset(data.train, model->output_shape().numel());
+    spdlog::info("data: the training set is on the GPU ({:.1f} MB); batches are gathered there",
+                 static_cast<double>(device_dataset_bytes(*device_train)) / 1e6);
+  }
+#else
+  const bool device_train = false;  // --data-on-gpu is refused without a GPU
+#endif
   StepWorkspace workspace;
   workspace.cuda_graph = o.cuda_graphs;
   int64_t graph_steps = 0;  // --cuda-graphs: steps that replayed a captured graph
@@ -925,17 +948,19 @@ int run(Options o, MpiComm& comm) {
     const int64_t epoch = step / steps_per_epoch;
     const auto indices =
         rank_batch(sampler.order(epoch), step % steps_per_epoch, o.batch_size, rank, ranks);
-    make_batch(data.train, indices, batch.images, batch.labels);
+    if (!device_train) make_batch(data.train, indices, batch.images, batch.labels);
     if (rank == o.test_nan_rank &&
         std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())
       batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(schedule, step);
 #ifdef RINGTRAIN_HAVE_GPU
-    StepStats stats = on_gpu
-                          ? train_step_device(*model, *optimizer, batch, lr, workspace, ctx,
-                                              device_bucketer ? &*device_bucketer : nullptr, guard)
-                          : train_step(*model, *optimizer, batch, lr, workspace, ctx,
-                                       bucketer ? &*bucketer : nullptr, guard);
+    DeviceGradBucketer* const device_averaging = device_bucketer ? &*device_bucketer : nullptr;
+    StepStats stats = device_train ? train_step_device(*model, *optimizer, *device_train, indices,
+                                                       lr, workspace, ctx, device_averaging, guard)
+                      : on_gpu ? train_step_device(*model, *optimizer, batch, lr, workspace, ctx,
+                                                   device_averaging, guard)
+                               : train_step(*model, *optimizer, batch, lr, workspace, ctx,
+                                            bucketer ? &*bucketer : nullptr, guard);
 #else
     StepStats stats = train_step(*model, *optimizer, batch, lr, workspace, ctx,
                                  bucketer ? &*bucketer : nullptr, guard);
@@ -1112,6 +1137,7 @@ int run(Options o, MpiComm& comm) {
                             {"cuda_graphs", o.cuda_graphs},
                             {"graph_steps", graph_steps},
                             {"graph_captures", graph_captures},
+                            {"data_on_gpu", o.data_on_gpu},
                             {"ema", ema.has_value()},
                             {"params", model->num_params()},
                             {"peak_rss_mb", peak_rss_mb()},

@@ -30,6 +30,7 @@ struct Options {
   int threads = 1;
   std::string device = "auto";
   bool cuda_graphs = false;
+  bool data_on_gpu = false;
   int64_t log_every = 100;
   int64_t eval_every = 0;
   int64_t eval_batch = 1000;

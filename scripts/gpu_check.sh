@@ -37,7 +37,8 @@
 #   RINGTRAIN_CUDNN_INCLUDE  override the search below (a library file, a header directory)
 #   GPU_CHECK_SECONDS (2), GPU_CHECK_REPS (3), GPU_CHECK_MOMENTUM (0.9), JOBS (nproc),
 #   GPU_CHECK_CONFIGS (model[+variant...]:batch words; default: mlp, cnn, mlp-wide at 128 and
-#   512, and at 128 also +graphs (--cuda-graphs), cnn+cudnn, cnn+cudnn+graphs (--conv-impl cudnn)),
+#   512, and variants +graphs (--cuda-graphs), +gpudata (--data-on-gpu), +cudnn (--conv-impl
+#   cudnn); see DEFAULT_CONFIGS),
 #   GPU_CHECK_PYTHON (python3: the Python with PyTorch), GPU_CHECK_BUILD_DIR (build-gpu-check),
 #   GPU_CHECK_DEVICE (cuda; 'cpu' is for testing this script's own logic, never for figures)
 # How NCCL and cuDNN are found, first hit wins: the variables above; the CUDA toolkit's own
@@ -86,11 +87,12 @@ BUILD="${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu-check}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 PY="${GPU_CHECK_PYTHON:-python3}"   # the Python with PyTorch
 # "name|mnist_train flags|batch" for each configuration timed. A name is a model (mlp, cnn,
-# mlp-wide) with optional ringtrain variants: +graphs (--cuda-graphs), +cudnn (--conv-impl
-# cudnn, cnn only). PyTorch times each model once per batch; every variant is compared with it.
+# mlp-wide) with optional ringtrain variants: +graphs (--cuda-graphs), +gpudata
+# (--data-on-gpu), +cudnn (--conv-impl cudnn, cnn only). PyTorch times each model once per batch; every variant is compared with it.
 CONFIGS=()
-DEFAULT_CONFIGS="mlp:128 mlp+graphs:128 mlp:512 cnn:128 cnn+graphs:128 cnn+cudnn:128"
-DEFAULT_CONFIGS+=" cnn+cudnn+graphs:128 cnn:512 mlp-wide:128 mlp-wide+graphs:128 mlp-wide:512"
+DEFAULT_CONFIGS="mlp:128 mlp+graphs:128 mlp+gpudata+graphs:128 mlp:512 mlp+gpudata+graphs:512"
+DEFAULT_CONFIGS+=" cnn:128 cnn+graphs:128 cnn+gpudata+graphs:128 cnn+cudnn+gpudata+graphs:128"
+DEFAULT_CONFIGS+=" cnn:512 mlp-wide:128 mlp-wide+gpudata+graphs:128 mlp-wide:512"
 for c in ${GPU_CHECK_CONFIGS:-$DEFAULT_CONFIGS}; do
   name="${c%%:*}" batch="${c#*:}"
   IFS=+ read -ra parts <<<"$name"
@@ -103,6 +105,7 @@ for c in ${GPU_CHECK_CONFIGS:-$DEFAULT_CONFIGS}; do
   for variant in "${parts[@]:1}"; do
     case "$variant" in
       graphs) flags+=" --cuda-graphs" ;;
+      gpudata) flags+=" --data-on-gpu" ;;
       cudnn) flags+=" --conv-impl cudnn" ;;
       *) echo "gpu_check: GPU_CHECK_CONFIGS: unknown variant '$variant' in '$c'" >&2; exit 2 ;;
     esac
@@ -717,7 +720,8 @@ if runs:
             "| ringtrain img/s, warm-up excluded | its ratio |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"mlp": 0, "cnn": 1, "mlp-wide": 2}
-    variant_flags = {"graphs": "--cuda-graphs", "cudnn": "--conv-impl cudnn"}
+    variant_flags = {"graphs": "--cuda-graphs", "gpudata": "--data-on-gpu",
+                     "cudnn": "--conv-impl cudnn"}
     ours_keys = [k for k in runs if "ringtrain" in runs[k] or "ringtrain-steady" in runs[k]]
     for (model, batch) in sorted(ours_keys, key=lambda k: (order.get(k[0].split("+")[0], 9), k[1], k[0])):
         s = runs[(model, batch)]

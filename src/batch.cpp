@@ -18,14 +18,11 @@ void make_batch(const Dataset& data, std::span<const int64_t> indices, Tensor& i
   }
   images.resize(Shape{batch, data.rows, data.cols, 1});  // [B, rows, cols, 1]
   labels.resize(indices.size());                         // [B]
-  // Multiplying by the rounded reciprocal (not dividing by 255) is what every caller and test
-  // uses, so batches are bit-identical wherever they are made.
-  constexpr float kScale = 1.0f / 255.0f;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t idx = indices[static_cast<size_t>(b)];
     const uint8_t* src = data.images.data() + idx * pixels;
     float* dst = images.data() + b * pixels;
-    for (int64_t p = 0; p < pixels; ++p) dst[p] = static_cast<float>(src[p]) * kScale;
+    for (int64_t p = 0; p < pixels; ++p) dst[p] = static_cast<float>(src[p]) * kPixelScale;
     labels[static_cast<size_t>(b)] = static_cast<int32_t>(data.labels[static_cast<size_t>(idx)]);
   }
 }

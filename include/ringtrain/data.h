@@ -58,6 +58,11 @@ MnistData load_mnist_dir(const std::string& dir);
 // else the Debian package's /usr/share/datasets/fashion-mnist.
 std::string default_data_dir();
 
+// make_batch's pixel scale. Multiplying by this rounded reciprocal (not dividing by 255) is
+// what every batch maker uses (make_batch, the GPU's gather_batch, the tests), so batches are
+// bit-identical wherever they are made.
+inline constexpr float kPixelScale = 1.0f / 255.0f;
+
 // Fills images [B, rows, cols, 1] with the samples at `indices`, scaled to [0, 1], and
 // labels with their labels. Reuses the tensors' storage when it is large enough.
 void make_batch(const Dataset& data, std::span<const int64_t> indices, Tensor& images,

@@ -99,6 +99,22 @@ StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& bat
 // How many step graphs this workspace has captured (GPU build; each recapture counts).
 int64_t step_graph_captures(const StepWorkspace& workspace);
 
+// A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and
+// labels as loaded, so that a device step gathers its batch there (gpu::gather_batch, the
+// twin of make_batch: the same floats, bit for bit) instead of uploading 4 bytes per pixel
+// every step. upload_dataset checks every label against `classes` once, as check_labels does
+// for each host batch.
+struct DeviceDataset;
+std::shared_ptr<const DeviceDataset> upload_dataset(const Dataset& data, int64_t classes);
+int64_t device_dataset_bytes(const DeviceDataset& data);
+// train_step_device with the batch given as sample indices into a device data set (checked
+// against its count on the host). Graphs (workspace.cuda_graph) capture the indices' upload
+// and the gather with the rest.
+StepStats train_step_device(Model& model, Optimizer& optimizer, const DeviceDataset& data,
+                            std::span<const int64_t> indices, float lr, StepWorkspace& workspace,
+                            Context& ctx, DeviceGradBucketer* bucketer = nullptr,
+                            const BeforeUpdateFn& before_update = {});
+
 struct EvalResult {
   int64_t correct = 0;
   int64_t samples = 0;

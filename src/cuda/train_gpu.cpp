@@ -2,6 +2,7 @@
 // batch (uploaded) and the loss statistics (read back once per step, into pinned memory).
 #include <algorithm>
 
+#include "gather.h"
 #include "kernels.h"
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
@@ -11,6 +12,21 @@
 #include "ringtrain/train.h"
 
 namespace ringtrain {
+
+// The training set on the GPU (--data-on-gpu): bytes as loaded, copied once.
+struct DeviceDataset {
+  uint8_t* images = nullptr;  // device [count, rows, cols]
+  uint8_t* labels = nullptr;  // device [count]
+  int64_t count = 0, rows = 0, cols = 0;
+
+  DeviceDataset() = default;
+  DeviceDataset(const DeviceDataset&) = delete;
+  DeviceDataset& operator=(const DeviceDataset&) = delete;
+  ~DeviceDataset() {
+    (void)cudaFree(images);
+    (void)cudaFree(labels);
+  }
+};
 
 // Everything a captured step graph baked in: it may be replayed only while all of it is
 // unchanged. `allocations` (device_allocations()) stands for every device pointer inside the
@@ -24,7 +40,9 @@ struct StepGraphKey {
   const float* images = nullptr;
   const int32_t* labels = nullptr;
   const float* host_images = nullptr;
-  const int32_t* host_labels = nullptr;
+  const int32_t* host_rows = nullptr;
+  const int32_t* indices = nullptr;
+  const DeviceDataset* dataset = nullptr;  // null: a host batch
   const float* dlogits = nullptr;
   uint64_t allocations = 0;
 
@@ -32,16 +50,17 @@ struct StepGraphKey {
     return model == other.model && stream == other.stream && blas == other.blas &&
            dnn == other.dnn && image_shape == other.image_shape && images == other.images &&
            labels == other.labels && host_images == other.host_images &&
-           host_labels == other.host_labels && dlogits == other.dlogits &&
-           allocations == other.allocations;
+           host_rows == other.host_rows && indices == other.indices && dataset == other.dataset &&
+           dlogits == other.dlogits && allocations == other.allocations;
   }
 };
 
 // The step's device buffers, allocated on first use and grown only when a batch is larger.
 struct DeviceStepState {
   Tensor images{Device::kCuda};
-  int32_t* labels = nullptr;  // device [label_capacity]
-  int64_t label_capacity = 0;
+  int32_t* labels = nullptr;   // device [row_capacity]
+  int32_t* indices = nullptr;  // device [row_capacity]: a gathered batch's sample indices
+  int64_t row_capacity = 0;
   gpu::XentStats* stats = nullptr;               // device
   unsigned long long* nonfinite = nullptr;       // device, --check-finite
   gpu::XentStats* host_stats = nullptr;          // pinned host
@@ -50,7 +69,9 @@ struct DeviceStepState {
   // from pinned memory it is a plain DMA queued on it. The previous step's upload has always
   // finished when the next one refills it (each step ends with a stream synchronisation).
   float* host_images = nullptr;
-  int32_t* host_labels = nullptr;
+  int32_t* host_rows = nullptr;  // a host batch's labels, or a gathered batch's indices
+  // Where the staged batch comes from: the pinned host buffers, or `dataset` on the GPU.
+  const DeviceDataset* dataset = nullptr;
   int64_t image_capacity = 0;
   cudaEvent_t step_start = nullptr, step_end = nullptr;  // the step on the compute stream
   // StepWorkspace::cuda_graph: the captured upload + forward + loss + backward, what it was
@@ -82,14 +103,16 @@ struct DeviceStepState {
     if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
     graph = nullptr;
     (void)cudaFree(labels);
+    (void)cudaFree(indices);
+    indices = nullptr;
     (void)cudaFree(stats);
     (void)cudaFree(nonfinite);
     (void)cudaFreeHost(host_stats);
     (void)cudaFreeHost(host_nonfinite);
     (void)cudaFreeHost(host_images);
-    (void)cudaFreeHost(host_labels);
+    (void)cudaFreeHost(host_rows);
     host_images = nullptr;
-    host_labels = nullptr;
+    host_rows = nullptr;
     if (step_start != nullptr) (void)cudaEventDestroy(step_start);
     if (step_end != nullptr) (void)cudaEventDestroy(step_end);
     step_start = step_end = nullptr;
@@ -98,6 +121,22 @@ struct DeviceStepState {
     nonfinite = nullptr;
     host_stats = nullptr;
     host_nonfinite = nullptr;
+  }
+
+  // Room for `rows` per-row values (labels, indices) on both sides. Growth only: it waits for
+  // the stream (work queued earlier may still read the old buffers), never in steady state.
+  void reserve_rows(int64_t rows, cudaStream_t stream) {
+    if (rows <= row_capacity) return;
+    RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    RINGTRAIN_CHECK_CUDA(cudaFree(labels));
+    RINGTRAIN_CHECK_CUDA(cudaFree(indices));
+    RINGTRAIN_CHECK_CUDA(cudaFreeHost(host_rows));
+    labels = indices = host_rows = nullptr;
+    const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+    RINGTRAIN_CHECK_CUDA(cudaMalloc(&labels, bytes));
+    RINGTRAIN_CHECK_CUDA(cudaMalloc(&indices, bytes));
+    RINGTRAIN_CHECK_CUDA(cudaMallocHost(&host_rows, bytes));
+    row_capacity = rows;
   }
 
   // Checks the batch, grows the buffers when it is larger than any before, copies it into the
@@ -111,17 +150,7 @@ struct DeviceStepState {
         "labels)",
         rows, batch.labels.size());
     const int64_t values = batch.images.numel();
-    if (rows > label_capacity) {
-      RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));  // growth only: not in steady state
-      RINGTRAIN_CHECK_CUDA(cudaFree(labels));
-      RINGTRAIN_CHECK_CUDA(cudaFreeHost(host_labels));
-      labels = nullptr;
-      host_labels = nullptr;
-      RINGTRAIN_CHECK_CUDA(cudaMalloc(&labels, static_cast<size_t>(rows) * sizeof(int32_t)));
-      RINGTRAIN_CHECK_CUDA(
-          cudaMallocHost(&host_labels, static_cast<size_t>(rows) * sizeof(int32_t)));
-      label_capacity = rows;
-    }
+    reserve_rows(rows, stream);
     if (values > image_capacity) {
       RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
       RINGTRAIN_CHECK_CUDA(cudaFreeHost(host_images));
@@ -131,19 +160,40 @@ struct DeviceStepState {
       image_capacity = values;
     }
     std::copy_n(batch.images.data(), values, host_images);
-    std::copy_n(batch.labels.data(), rows, host_labels);
+    std::copy_n(batch.labels.data(), rows, host_rows);
     images.resize(batch.images.shape());
+    dataset = nullptr;
+  }
+
+  // The same for a batch gathered on the GPU: only the sample indices are staged (the caller
+  // has checked them against the data set).
+  void stage(const DeviceDataset& data, std::span<const int64_t> sample_indices,
+             cudaStream_t stream) {
+    const auto rows = static_cast<int64_t>(sample_indices.size());
+    reserve_rows(rows, stream);
+    for (int64_t r = 0; r < rows; ++r)
+      host_rows[r] = static_cast<int32_t>(sample_indices[static_cast<size_t>(r)]);
+    images.resize(Shape{rows, data.rows, data.cols, 1});  // make_batch's shape
+    dataset = &data;
   }
 
   // Queues the staged batch's upload on `stream` (a captured graph replays these copies: they
   // read the pinned buffers when the graph runs, so stage() refills them before each launch).
+  // A gathered batch uploads its indices and gathers images and labels on the GPU.
   void enqueue_upload(cudaStream_t stream) {
     const int64_t rows = images.dim(0);
-    copy_floats_async(images.data(), Device::kCuda, host_images, Device::kCpu, images.numel(),
-                      stream);
-    RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(labels, host_labels,
-                                         static_cast<size_t>(rows) * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, stream));
+    const size_t row_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+    if (dataset == nullptr) {
+      copy_floats_async(images.data(), Device::kCuda, host_images, Device::kCpu, images.numel(),
+                        stream);
+      RINGTRAIN_CHECK_CUDA(
+          cudaMemcpyAsync(labels, host_rows, row_bytes, cudaMemcpyHostToDevice, stream));
+      return;
+    }
+    RINGTRAIN_CHECK_CUDA(
+        cudaMemcpyAsync(indices, host_rows, row_bytes, cudaMemcpyHostToDevice, stream));
+    gpu::gather_batch(dataset->images, dataset->labels, indices, rows,
+                      dataset->rows * dataset->cols, kPixelScale, images.data(), labels, stream);
   }
 
   void upload(const Batch& batch, cudaStream_t stream) {
@@ -216,7 +266,9 @@ StepGraphKey graph_key_of(const Model& model, const DeviceStepState& state,
                       .images = state.images.data(),
                       .labels = state.labels,
                       .host_images = state.host_images,
-                      .host_labels = state.host_labels,
+                      .host_rows = state.host_rows,
+                      .indices = state.indices,
+                      .dataset = state.dataset,
                       .dlogits = workspace.dlogits.data(),
                       .allocations = device_allocations()};
 }
@@ -259,26 +311,24 @@ void capture_step(Model& model, DeviceStepState& state, StepWorkspace& workspace
   ++state.captures;
 }
 
-}  // namespace
-
-int64_t step_graph_captures(const StepWorkspace& workspace) {
-  return workspace.device ? workspace.device->captures : 0;
-}
-
-StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                            StepWorkspace& workspace, Context& ctx, DeviceGradBucketer* bucketer,
-                            const BeforeUpdateFn& before_update) {
+void check_device_step(const Model& model, const Optimizer& optimizer, const Context& ctx,
+                       const StepWorkspace& workspace, const DeviceGradBucketer* bucketer) {
   RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda &&
                       optimizer.device() == Device::kCuda,
                   "a device step needs a CUDA context, a device model and a device optimizer");
   RINGTRAIN_CHECK(!(workspace.cuda_graph && bucketer != nullptr),
                   "CUDA graphs capture the one-rank step only (the multi-rank step's gradient "
                   "averaging is not captured): run without --cuda-graphs");
+}
+
+// The step once its batch is staged (state.stage): upload or gather, forward, loss, backward
+// (eager or from a graph), averaging, the guard, the optimizer, the read-back.
+StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWorkspace& workspace,
+                          Context& ctx, DeviceGradBucketer* bucketer,
+                          const BeforeUpdateFn& before_update) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  DeviceStepState& state = state_of(workspace);
+  DeviceStepState& state = *workspace.device;
   const int64_t classes = model.output_shape().numel();
-  check_labels(batch.labels, classes);
-  state.stage(batch, stream);
   const int64_t rows = state.images.dim(0);
   if (workspace.dlogits.device() != Device::kCuda) workspace.dlogits = Tensor(Device::kCuda);
   workspace.dlogits.resize(Shape{rows, classes});
@@ -338,6 +388,71 @@ StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& bat
   RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&device_ms, state.step_start, state.step_end));
   stats.device_ms = static_cast<double>(device_ms);
   return stats;
+}
+
+}  // namespace
+
+int64_t step_graph_captures(const StepWorkspace& workspace) {
+  return workspace.device ? workspace.device->captures : 0;
+}
+
+StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
+                            StepWorkspace& workspace, Context& ctx, DeviceGradBucketer* bucketer,
+                            const BeforeUpdateFn& before_update) {
+  check_device_step(model, optimizer, ctx, workspace, bucketer);
+  check_labels(batch.labels, model.output_shape().numel());
+  state_of(workspace).stage(batch, static_cast<cudaStream_t>(ctx.stream));
+  return run_staged_step(model, optimizer, lr, workspace, ctx, bucketer, before_update);
+}
+
+StepStats train_step_device(Model& model, Optimizer& optimizer, const DeviceDataset& data,
+                            std::span<const int64_t> indices, float lr, StepWorkspace& workspace,
+                            Context& ctx, DeviceGradBucketer* bucketer,
+                            const BeforeUpdateFn& before_update) {
+  check_device_step(model, optimizer, ctx, workspace, bucketer);
+  RINGTRAIN_CHECK((Shape{data.rows, data.cols, 1} == model.input_shape()),
+                  "the data set's {}x{} images do not fit the model's input {}", data.rows,
+                  data.cols, model.input_shape().str());
+  for (const int64_t i : indices) {
+    RINGTRAIN_CHECK(i >= 0 && i < data.count,
+                    "sample index {} is outside the data set on the GPU [0, {})", i, data.count);
+  }
+  state_of(workspace).stage(data, indices, static_cast<cudaStream_t>(ctx.stream));
+  return run_staged_step(model, optimizer, lr, workspace, ctx, bucketer, before_update);
+}
+
+std::shared_ptr<const DeviceDataset> upload_dataset(const Dataset& data, int64_t classes) {
+  RINGTRAIN_CHECK(static_cast<int64_t>(data.images.size()) == data.count * data.image_size() &&
+                      static_cast<int64_t>(data.labels.size()) == data.count,
+                  "upload_dataset: {} images of {}x{} need {} bytes and {} labels; got {} and {}",
+                  data.count, data.rows, data.cols, data.count * data.image_size(), data.count,
+                  data.images.size(), data.labels.size());
+  RINGTRAIN_CHECK(data.count < (int64_t{1} << 31),
+                  "a data set on the GPU holds under 2^31 samples ({} here)", data.count);
+  // Checked once here, as check_labels checks every host batch.
+  for (size_t i = 0; i < data.labels.size(); ++i) {
+    RINGTRAIN_CHECK(data.labels[i] < classes, "label {} of sample {} is outside [0, {})",
+                    data.labels[i], i, classes);
+  }
+  auto device = std::make_shared<DeviceDataset>();
+  device->count = data.count;
+  device->rows = data.rows;
+  device->cols = data.cols;
+  note_device_allocation();
+  RINGTRAIN_CHECK_CUDA(cudaMalloc(&device->images, std::max<size_t>(data.images.size(), 1)));
+  RINGTRAIN_CHECK_CUDA(cudaMalloc(&device->labels, std::max<size_t>(data.labels.size(), 1)));
+  // Set-up, not the step: a plain synchronous copy (ordered after everything queued before by
+  // the device synchronisation).
+  RINGTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
+  RINGTRAIN_CHECK_CUDA(
+      cudaMemcpy(device->images, data.images.data(), data.images.size(), cudaMemcpyHostToDevice));
+  RINGTRAIN_CHECK_CUDA(
+      cudaMemcpy(device->labels, data.labels.data(), data.labels.size(), cudaMemcpyHostToDevice));
+  return device;
+}
+
+int64_t device_dataset_bytes(const DeviceDataset& data) {
+  return data.count * (data.rows * data.cols + 1);
 }
 
 EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx) {

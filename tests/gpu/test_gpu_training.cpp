@@ -13,6 +13,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "device_buffer.h"
+#include "gather.h"
 #include "kernels.h"
 #include "ringtrain/device_bucketer.h"
 #include "ringtrain/gpu_context.h"
@@ -21,6 +23,7 @@
 #include "ringtrain/train.h"
 
 using namespace ringtrain;
+using ringtrain::test::DeviceBuffer;
 
 namespace {
 
@@ -301,4 +304,82 @@ TEST_CASE("a device weight average equals the host one, bit for bit", "[gpu][ema
   restored.restore(device_shadow, device_ema.updates());
   CHECK(restored.shadow_to_host() == device_shadow);
   CHECK(restored.updates() == 4);
+}
+
+namespace {
+
+// A data set of random bytes in MNIST's image shape.
+Dataset random_dataset(int64_t count, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> byte(0, 255), label(0, 9);
+  Dataset data;
+  data.count = count;
+  data.rows = 28;
+  data.cols = 28;
+  data.images.resize(static_cast<size_t>(count * 28 * 28));
+  for (uint8_t& b : data.images) b = static_cast<uint8_t>(byte(gen));
+  for (int64_t i = 0; i < count; ++i) data.labels.push_back(static_cast<uint8_t>(label(gen)));
+  return data;
+}
+
+}  // namespace
+
+TEST_CASE("gpu::gather_batch makes make_batch's batch, bit for bit", "[gpu][gather]") {
+  const Dataset data = random_dataset(40, 3);
+  // Repeats and the last sample included, as an epoch's order never has but a caller may.
+  const std::vector<int64_t> indices = {39, 0, 7, 7, 21, 39, 3};
+  Tensor host_images;
+  std::vector<int32_t> host_labels;
+  make_batch(data, indices, host_images, host_labels);
+  DeviceBuffer<uint8_t> d_data(data.images), d_labels(data.labels);
+  std::vector<int32_t> indices32(indices.begin(), indices.end());
+  DeviceBuffer<int32_t> d_indices(indices32);
+  const auto rows = static_cast<int64_t>(indices.size());
+  DeviceBuffer<float> d_images(static_cast<size_t>(rows * 784));
+  DeviceBuffer<int32_t> d_out_labels(indices.size());
+  gpu::gather_batch(d_data.data(), d_labels.data(), d_indices.data(), rows, 784, kPixelScale,
+                    d_images.data(), d_out_labels.data(), nullptr);
+  const std::vector<float> images = d_images.download();
+  CHECK(images == std::vector<float>(host_images.data(), host_images.data() + rows * 784));
+  CHECK(d_out_labels.download() == host_labels);
+}
+
+TEST_CASE("--data-on-gpu steps equal host-batch steps, eager and from graphs", "[gpu][gather]") {
+  Context& ctx = gpu_context().context();
+  const Dataset data = random_dataset(200, 4);
+  const auto device_data = upload_dataset(data, 10);
+  CHECK(device_dataset_bytes(*device_data) == 200 * (784 + 1));
+  for (const bool graphs : {false, true}) {
+    INFO("graphs " << graphs);
+    auto host_model = make_model({.name = "cnn", .device = Device::kCuda});
+    auto gather_model = make_model({.name = "cnn", .device = Device::kCuda});
+    host_model->init_params(8);
+    gather_model->init_params(8);
+    const OptimizerConfig config{.kind = "sgd", .momentum = 0.9f};
+    auto host_opt = make_optimizer(config, host_model->num_params(), ctx);
+    auto gather_opt = make_optimizer(config, gather_model->num_params(), ctx);
+    StepWorkspace host_ws, gather_ws;
+    gather_ws.cuda_graph = graphs;
+    Batch batch;
+    for (int64_t step = 0; step < 5; ++step) {
+      std::vector<int64_t> indices;
+      for (int64_t r = 0; r < 24; ++r) indices.push_back((step * 37 + r * 11) % data.count);
+      make_batch(data, indices, batch.images, batch.labels);
+      const StepStats h = train_step_device(*host_model, *host_opt, batch, 0.05f, host_ws, ctx);
+      const StepStats g = train_step_device(*gather_model, *gather_opt, *device_data, indices,
+                                            0.05f, gather_ws, ctx);
+      CHECK(g.loss == h.loss);
+      CHECK(g.correct == h.correct);
+      if (graphs) CHECK(g.graph_replayed == std::optional<bool>(step > 0));
+    }
+    CHECK(gather_model->params_to_host() == host_model->params_to_host());
+    // An index outside the data set is refused on the host, before anything is queued.
+    const std::vector<int64_t> bad = {0, 200};
+    CHECK_THROWS_WITH(
+        train_step_device(*gather_model, *gather_opt, *device_data, bad, 0.05f, gather_ws, ctx),
+        Catch::Contains("outside the data set"));
+  }
+  Dataset bad_labels = random_dataset(5, 5);
+  bad_labels.labels[3] = 10;
+  CHECK_THROWS_WITH(upload_dataset(bad_labels, 10), Catch::Contains("label 10 of sample 3"));
 }
