@@ -57,6 +57,8 @@ expect_exit "infinite learning rate" 2 "--lr" "$trainer" --lr inf
 expect_exit "NaN learning rate" 2 "--lr" "$trainer" --lr nan
 expect_exit "--cuda-graphs on the CPU" 2 "--cuda-graphs needs a GPU" \
   "$trainer" --cuda-graphs --device cpu "${short[@]}"
+expect_exit "--data-on-gpu on the CPU" 2 "--data-on-gpu needs a GPU" \
+  "$trainer" --data-on-gpu --device cpu "${short[@]}"
 expect_exit "unknown model (exit 2)" 2 "--model" "$trainer" --model resnet
 expect_exit "missing data (exit 3)" 3 "$work/nowhere" "$trainer" --data-dir "$work/nowhere" "${short[@]}"
 expect_exit "a batch larger than the data" 3 "larger than the 60000 training images" \
