@@ -155,6 +155,10 @@ void add_flags(CLI::App& app, Options& o) {
                "GPU, one rank: capture the step's upload, forward, loss and backward once as a "
                "CUDA graph and replay it (one launch per step instead of one per kernel; same "
                "results, bit for bit)");
+  app.add_option("--conv-impl", o.conv_impl,
+                 "GPU Conv2D and MaxPool2D: direct (our kernels, the CPU's summation order and "
+                 "pooling tie rule) or cudnn")
+      ->check(CLI::IsMember({"direct", "cudnn"}));
   app.add_flag("--data-on-gpu", o.data_on_gpu,
                "GPU: copy the training set to the GPU once and gather each batch there (no "
                "image upload per step; the same batches, bit for bit)");
@@ -330,6 +334,7 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       // The transport follows the device (MPI for host gradients, NCCL for device ones): all
       // ranks must train on the same kind of device.
       {"device", to_string(device)},
+      {"--conv-impl", o.conv_impl},
       {"buckets", fmt::format("first {} MB, then {} MB", o.first_bucket_mb, o.fusion_threshold_mb)},
       {"--check-replicas", std::to_string(o.check_replicas)},
       {"--eval-every/--eval-batch", fmt::format("{} / {}", o.eval_every, o.eval_batch)},
@@ -528,6 +533,11 @@ int run(Options o, MpiComm& comm) {
           fmt::format("--cuda-graphs needs a GPU, and this run trains on the cpu ({})", device.why),
           ExitCode::kUsage, /*on_every_rank=*/true);
   }
+  ctx.conv_impl = parse_conv_impl(o.conv_impl);
+  if (ctx.conv_impl != ConvImpl::kDirect && device.device != Device::kCuda)
+    throw Error(fmt::format("--conv-impl {} needs a GPU, and this run trains on the cpu ({})",
+                            o.conv_impl, device.why),
+                ExitCode::kUsage, /*on_every_rank=*/true);
   if (o.data_on_gpu) {
     if (device.device != Device::kCuda)
       throw Error(
@@ -1138,6 +1148,7 @@ int run(Options o, MpiComm& comm) {
                             {"graph_steps", graph_steps},
                             {"graph_captures", graph_captures},
                             {"data_on_gpu", o.data_on_gpu},
+                            {"conv_impl", o.conv_impl},
                             {"ema", ema.has_value()},
                             {"params", model->num_params()},
                             {"peak_rss_mb", peak_rss_mb()},

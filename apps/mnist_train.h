@@ -31,6 +31,7 @@ struct Options {
   std::string device = "auto";
   bool cuda_graphs = false;
   bool data_on_gpu = false;
+  std::string conv_impl = "direct";
   int64_t log_every = 100;
   int64_t eval_every = 0;
   int64_t eval_batch = 1000;

@@ -1,14 +1,15 @@
 // Direct kernels for the cnn's 3x3 convolution and 2x2 max pooling (GPU build only), NHWC
 // activations and TensorFlow's HWIO weights w[3,3,Cin,Cout], the layouts of the CPU layers.
 //
-// Why not cuDNN: cuDNN's NHWC filter layout is KRSC ([Cout,3,3,Cin]), so each step would
-// transpose w forward and dw back; the shapes are tiny (1->8 and 8->16 channels on 28x28 and
-// 14x14), where a direct kernel is one launch with no workspace or algorithm search; and
-// cuDNN's max-pooling backward does not document which of tied maxima receives the gradient,
-// while the CPU sends it to the first in row-major window order. These kernels reproduce the
-// CPU math (the same sums in the same order, up to FMA contraction) and are deterministic:
-// every reduction is a fixed tree, no atomics. The cuDNN handle stays in the GpuContext for
-// larger convolutions (measuring the crossover needs a GPU; not done yet).
+// Why these and not cuDNN by default: cuDNN's NHWC filter layout is KRSC ([Cout,3,3,Cin]), so
+// each step transposes w forward and dw back; the shapes are tiny (1->8 and 8->16 channels on
+// 28x28 and 14x14), where a direct kernel is one launch with no workspace; and cuDNN's
+// max-pooling backward does not document which of tied maxima receives the gradient, while the
+// CPU sends it to the first in row-major window order. These kernels reproduce the CPU math
+// (the same sums in the same order, up to FMA contraction) and are deterministic: every
+// reduction is a fixed tree, no atomics. A cuDNN implementation exists beside them
+// (src/cuda/cudnn_layers.cpp, selected with --conv-impl cudnn, Context::conv_impl); which is
+// faster on these and larger shapes has not been measured yet (no GPU when it was written).
 //
 // Launchers are asynchronous on `stream` and check their launch (RINGTRAIN_CHECK_LAUNCH).
 // All pointers are device pointers.

@@ -90,9 +90,12 @@ PY="${GPU_CHECK_PYTHON:-python3}"   # the Python with PyTorch
 # mlp-wide) with optional ringtrain variants: +graphs (--cuda-graphs), +gpudata
 # (--data-on-gpu), +cudnn (--conv-impl cudnn, cnn only). PyTorch times each model once per batch; every variant is compared with it.
 CONFIGS=()
-DEFAULT_CONFIGS="mlp:128 mlp+graphs:128 mlp+gpudata+graphs:128 mlp:512 mlp+gpudata+graphs:512"
-DEFAULT_CONFIGS+=" cnn:128 cnn+graphs:128 cnn+gpudata+graphs:128 cnn+cudnn+gpudata+graphs:128"
-DEFAULT_CONFIGS+=" cnn:512 mlp-wide:128 mlp-wide+gpudata+graphs:128 mlp-wide:512"
+# In order of importance (a round cut short by the budget loses the last): the target's batch
+# 128 plain and fastest, then the single variants, then batch 512.
+DEFAULT_CONFIGS="mlp:128 cnn:128 mlp-wide:128"
+DEFAULT_CONFIGS+=" mlp+gpudata+graphs:128 cnn+gpudata+graphs:128 mlp-wide+gpudata+graphs:128"
+DEFAULT_CONFIGS+=" mlp+graphs:128 cnn+graphs:128 cnn+cudnn+gpudata+graphs:128"
+DEFAULT_CONFIGS+=" mlp:512 cnn:512 mlp-wide:512 mlp+gpudata+graphs:512"
 for c in ${GPU_CHECK_CONFIGS:-$DEFAULT_CONFIGS}; do
   name="${c%%:*}" batch="${c#*:}"
   IFS=+ read -ra parts <<<"$name"
@@ -418,7 +421,7 @@ else
   if timeout "$(limit 120)" env PATH="$STATE/bin:$PATH" cmake -S "$ROOT" -B "$BUILD" "${CMAKE_ARGS[@]}" \
     >"$LOGS/configure.log" 2>&1; then
     grep "ringtrain:" "$LOGS/configure.log" | sed 's/^/  /' | tee -a "$MAINLOG" >&2
-    targets=(mnist_train ringtrain_gpu_tests)
+    targets=(mnist_train allreduce_bench ringtrain_gpu_tests)  # allreduce_bench: a GPU ctest runs it
     # other GPU test programs tests/gpu/ may define (NCCL under mpirun, ...)
     while IFS= read -r t; do
       [[ " ${targets[*]} " == *" $t "* ]] || targets+=("$t")
@@ -599,6 +602,31 @@ PY
       break
     fi
     r0=$SECONDS
+    # PyTorch first: its 6 configurations are the reference every ringtrain row needs, so a
+    # round cut short by the budget still yields ratios.
+    if (($(left) < 45)); then log "timings: budget spent, skipping PyTorch round $round"; BENCH_RC=3; break; fi
+    # PyTorch: each model and batch once (variants are ringtrain's)
+    cfgs="$(for cfg in "${CONFIGS[@]}"; do IFS='|' read -r name _ batch <<<"$cfg"; printf '%s:%s\n' "${name%%+*}" "$batch"; done | awk '!seen[$0]++' | paste -sd, -)"
+    PYTHONUNBUFFERED=1 timeout "$(limit 150)" "$PY" "$ROOT/scripts/bench_gpu_torch.py" --device "$DEVICE" \
+      --configs "$cfgs" --data-dir "$DATA_DIR" --seconds "$SECONDS_PER_RUN" --reps 1 --warmup 30 \
+      --momentum "$MOMENTUM" --lr 0.01 --seed 42 \
+      >"$LOGS/pytorch-r$round.csv" 2>"$LOGS/pytorch-r$round.log"
+    rc=$?
+    [[ -z "$TORCH_INFO" ]] && TORCH_INFO="$(grep -m1 '^# bench_gpu_torch:' "$LOGS/pytorch-r$round.log" | sed 's/^# bench_gpu_torch: //')"
+    if [[ $rc != 0 ]]; then
+      log "PyTorch round $round: FAILED (exit $rc): $(tail -n 3 "$LOGS/pytorch-r$round.log" | tr '\n' ' ')"
+      BENCH_RC=3
+    fi
+    python3 - "$LOGS/pytorch-r$round.csv" "$round" >>"$RESULTS" <<'PY'
+import csv, sys
+try:
+    rows = list(csv.DictReader(open(sys.argv[1])))
+except OSError:
+    rows = []
+for r in rows:
+    print(f"pytorch,{r['model']},{r['batch']},{sys.argv[2]},{r['steps']},{r['images_per_sec']},{r['step_ms']},ok")
+PY
+    log "PyTorch round $round: $(grep -vc '^framework' "$LOGS/pytorch-r$round.csv" 2>/dev/null || true) configurations timed"
     if [[ "$HAVE_RT" == 1 ]]; then
       for cfg in "${CONFIGS[@]}"; do
         IFS='|' read -r name flags batch <<<"$cfg"
@@ -643,29 +671,6 @@ print(f'{(ls - ss) * b / dt:.1f}' if dt > 0 and ls > ss else '')" "$l_steps" "$l
         log "ringtrain $name batch $batch round $round: $(printf '%.0f' "$l_ips") img/s over $l_steps steps (all timed), ${steady%.*} img/s without warm-up"
       done
     fi
-    if (($(left) < 45)); then log "timings: budget spent, skipping PyTorch round $round"; BENCH_RC=3; break; fi
-    # PyTorch: each model and batch once (variants are ringtrain's)
-    cfgs="$(for cfg in "${CONFIGS[@]}"; do IFS='|' read -r name _ batch <<<"$cfg"; printf '%s:%s\n' "${name%%+*}" "$batch"; done | awk '!seen[$0]++' | paste -sd, -)"
-    PYTHONUNBUFFERED=1 timeout "$(limit 150)" "$PY" "$ROOT/scripts/bench_gpu_torch.py" --device "$DEVICE" \
-      --configs "$cfgs" --data-dir "$DATA_DIR" --seconds "$SECONDS_PER_RUN" --reps 1 --warmup 30 \
-      --momentum "$MOMENTUM" --lr 0.01 --seed 42 \
-      >"$LOGS/pytorch-r$round.csv" 2>"$LOGS/pytorch-r$round.log"
-    rc=$?
-    [[ -z "$TORCH_INFO" ]] && TORCH_INFO="$(grep -m1 '^# bench_gpu_torch:' "$LOGS/pytorch-r$round.log" | sed 's/^# bench_gpu_torch: //')"
-    if [[ $rc != 0 ]]; then
-      log "PyTorch round $round: FAILED (exit $rc): $(tail -n 3 "$LOGS/pytorch-r$round.log" | tr '\n' ' ')"
-      BENCH_RC=3
-    fi
-    python3 - "$LOGS/pytorch-r$round.csv" "$round" >>"$RESULTS" <<'PY'
-import csv, sys
-try:
-    rows = list(csv.DictReader(open(sys.argv[1])))
-except OSError:
-    rows = []
-for r in rows:
-    print(f"pytorch,{r['model']},{r['batch']},{sys.argv[2]},{r['steps']},{r['images_per_sec']},{r['step_ms']},ok")
-PY
-    log "PyTorch round $round: $(grep -vc '^framework' "$LOGS/pytorch-r$round.csv" 2>/dev/null || true) configurations timed"
     round_secs=$((SECONDS - r0))
   done
   rounds_done=$(awk -F, 'NR > 1 && $8 == "ok" { if ($4 > m) m = $4 } END { print m + 0 }' "$RESULTS")
@@ -739,7 +744,7 @@ if runs:
                    f"{f'{ratio2:.2f}x' if ratio2 else '-'} |")
     out += ["",
             f"Medians over rounds (min-max in brackets). Each round runs every configuration once on "
-            f"each side, ringtrain first. ringtrain: `mnist_train --device cuda` with "
+            f"each side, PyTorch first. ringtrain: `mnist_train --device cuda` with "
             f"--steps sized to about {e['GC_SECONDS']} s, images/s from its --metrics-out summary "
             f"(every step timed, the first ones included); the warm-up-excluded column is "
             f"(long - short run steps) x batch / (long - short run training time), the short run "

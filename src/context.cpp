@@ -1,4 +1,4 @@
-// CPU thread settings for the math libraries, and the --device decision.
+// CPU thread settings for the math libraries, the --device decision and the --conv-impl names.
 #include "ringtrain/context.h"
 
 #include <fmt/format.h>
@@ -11,6 +11,16 @@ namespace ringtrain {
 
 const char* to_string(Device device) {
   return device == Device::kCuda ? "cuda" : "cpu";
+}
+
+const char* to_string(ConvImpl impl) {
+  return impl == ConvImpl::kCudnn ? "cudnn" : "direct";
+}
+
+ConvImpl parse_conv_impl(const std::string& flag) {
+  if (flag == "direct") return ConvImpl::kDirect;
+  if (flag == "cudnn") return ConvImpl::kCudnn;
+  RINGTRAIN_FAIL("--conv-impl must be one of direct, cudnn; got '{}'", flag);
 }
 
 void set_cpu_threads(int threads) {

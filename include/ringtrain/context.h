@@ -13,6 +13,13 @@ class ProgressBoard;  // comm.h
 enum class Device { kCpu, kCuda };
 const char* to_string(Device device);  // "cpu", "cuda"
 
+// How a GPU context runs Conv2D 3x3 and MaxPool2D 2x2 (--conv-impl): the direct kernels of
+// kernels/conv.h, or cuDNN (src/cuda/cudnn_layers.cpp). The CPU ignores it.
+enum class ConvImpl { kDirect, kCudnn };
+const char* to_string(ConvImpl impl);  // "direct", "cudnn"
+// "direct" or "cudnn"; anything else throws, naming --conv-impl and the accepted values.
+ConvImpl parse_conv_impl(const std::string& flag);
+
 struct Context {
   Device device = Device::kCpu;
   int threads = 1;              // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
@@ -24,6 +31,11 @@ struct Context {
   // Where a device step posts its waits for the streams, so that the collective watchdog sees
   // a step stuck behind a peer's NCCL transfer (null: plain synchronisation).
   ProgressBoard* board = nullptr;
+  // Conv2D/MaxPool2D on the GPU. Direct is the default because it reproduces the CPU: the
+  // pooling gradient goes to the first of tied maxima (cuDNN does not document which one it
+  // picks) and the convolutions sum in the CPU's order; whether cuDNN is faster on the cnn's
+  // shapes has not been measured.
+  ConvImpl conv_impl = ConvImpl::kDirect;
 };
 
 // Applies ctx.threads to the CPU math libraries (Eigen's GEMM).

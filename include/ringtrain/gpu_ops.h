@@ -37,7 +37,8 @@ void dense_backward_input(const Context& ctx, const float* w, const float* dy, f
 void relu_forward(const Context& ctx, const float* x, float* y, int64_t n);
 void relu_backward(const Context& ctx, const float* y, const float* dy, float* dx, int64_t n);
 
-// The direct kernels of kernels/conv.h (why not cuDNN: there).
+// The direct kernels of kernels/conv.h, or cuDNN when ctx.conv_impl is ConvImpl::kCudnn
+// (src/cuda/cudnn_layers.h; --conv-impl).
 void conv2d_forward(const Context& ctx, const float* x, const float* w, const float* b, float* y,
                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout);
 // dw and db (either both or neither), dx may be null to skip.

@@ -1,6 +1,8 @@
 // GpuContext (gpu_context.h): device selection, the two streams, the cuBLAS and cuDNN handles.
 #include "ringtrain/gpu_context.h"
 
+#include "cudnn_layers.h"
+
 #include <chrono>
 #include <thread>
 
@@ -68,6 +70,12 @@ GpuContext::~GpuContext() {
   (void)cudaSetDevice(ctx_.gpu);
   (void)cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream));
   (void)cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.comm_stream));
+  // The cuDNN conv path's cached plans belong to this handle: free them first (they would
+  // otherwise outlive it, held until the process ends).
+  try {
+    cudnn_layers::release_plans(ctx_.dnn);
+  } catch (...) {  // a destructor must not throw; the device is already lost
+  }
   (void)cudnnDestroy(static_cast<cudnnHandle_t>(ctx_.dnn));
   (void)cublasDestroy(static_cast<cublasHandle_t>(ctx_.blas));
   (void)cudaFree(blas_workspace_);

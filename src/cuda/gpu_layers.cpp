@@ -1,8 +1,10 @@
 // The layers' GPU math (gpu_ops.h): cuBLAS for Dense, the kernels for everything else, all on
-// the compute stream, nothing waited for.
+// the compute stream, nothing waited for. Conv2D and MaxPool2D run the direct kernels
+// (kernels/conv.h) or, with ctx.conv_impl == ConvImpl::kCudnn, cuDNN (cudnn_layers.h).
 #include "ringtrain/gpu_ops.h"
 
 #include "conv.h"
+#include "cudnn_layers.h"
 #include "kernels.h"
 #include "ringtrain/cuda_check.h"
 
@@ -72,12 +74,21 @@ void relu_backward(const Context& ctx, const float* y, const float* dy, float* d
 
 void conv2d_forward(const Context& ctx, const float* x, const float* w, const float* b, float* y,
                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout) {
+  if (ctx.conv_impl == ConvImpl::kCudnn) {
+    return cudnn_layers::conv2d_forward(ctx, x, w, b, y, batch, height, width, cin, cout);
+  }
   gpu::conv2d_forward(x, w, b, y, batch, height, width, cin, cout, stream_of(ctx));
 }
 
 void conv2d_backward(const Context& ctx, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx, int64_t batch, int64_t height, int64_t width,
                      int64_t cin, int64_t cout) {
+  RINGTRAIN_CHECK((dw == nullptr) == (db == nullptr),
+                  "conv2d_backward: dw and db come together (both or neither)");
+  if (ctx.conv_impl == ConvImpl::kCudnn) {
+    return cudnn_layers::conv2d_backward(ctx, x, w, dy, dw, db, dx, batch, height, width, cin,
+                                         cout);
+  }
   if (dw != nullptr) {
     gpu::conv2d_backward_weights(x, dy, dw, batch, height, width, cin, cout, stream_of(ctx));
     gpu::bias_grad(dy, db, batch * height * width, cout, stream_of(ctx));
@@ -89,11 +100,17 @@ void conv2d_backward(const Context& ctx, const float* x, const float* w, const f
 
 void maxpool2d_forward(const Context& ctx, const float* x, float* y, int64_t batch, int64_t height,
                        int64_t width, int64_t channels) {
+  if (ctx.conv_impl == ConvImpl::kCudnn) {
+    return cudnn_layers::maxpool2d_forward(ctx, x, y, batch, height, width, channels);
+  }
   gpu::maxpool2d_forward(x, y, batch, height, width, channels, stream_of(ctx));
 }
 
 void maxpool2d_backward(const Context& ctx, const float* x, const float* y, const float* dy,
                         float* dx, int64_t batch, int64_t height, int64_t width, int64_t channels) {
+  if (ctx.conv_impl == ConvImpl::kCudnn) {
+    return cudnn_layers::maxpool2d_backward(ctx, x, y, dy, dx, batch, height, width, channels);
+  }
   gpu::maxpool2d_backward(x, y, dy, dx, batch, height, width, channels, stream_of(ctx));
 }
 

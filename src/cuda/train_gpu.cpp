@@ -2,6 +2,8 @@
 // batch (uploaded) and the loss statistics (read back once per step, into pinned memory).
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include "gather.h"
 #include "kernels.h"
 #include "ringtrain/check.h"
@@ -36,6 +38,7 @@ struct StepGraphKey {
   const void* stream = nullptr;
   const void* blas = nullptr;
   const void* dnn = nullptr;
+  ConvImpl conv_impl = ConvImpl::kDirect;
   Shape image_shape;
   const float* images = nullptr;
   const int32_t* labels = nullptr;
@@ -48,8 +51,8 @@ struct StepGraphKey {
 
   bool operator==(const StepGraphKey& other) const {
     return model == other.model && stream == other.stream && blas == other.blas &&
-           dnn == other.dnn && image_shape == other.image_shape && images == other.images &&
-           labels == other.labels && host_images == other.host_images &&
+           dnn == other.dnn && conv_impl == other.conv_impl && image_shape == other.image_shape &&
+           images == other.images && labels == other.labels && host_images == other.host_images &&
            host_rows == other.host_rows && indices == other.indices && dataset == other.dataset &&
            dlogits == other.dlogits && allocations == other.allocations;
   }
@@ -262,6 +265,7 @@ StepGraphKey graph_key_of(const Model& model, const DeviceStepState& state,
                       .stream = ctx.stream,
                       .blas = ctx.blas,
                       .dnn = ctx.dnn,
+                      .conv_impl = ctx.conv_impl,
                       .image_shape = state.images.shape(),
                       .images = state.images.data(),
                       .labels = state.labels,
@@ -340,8 +344,19 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
     const StepGraphKey key = graph_key_of(model, state, workspace, ctx);
     const bool replay = state.graph != nullptr && key == state.graph_key;
     if (!replay && state.have_eager_key && key == state.eager_key) {
-      capture_step(model, state, workspace, ctx);
-      state.graph_key = key;
+      try {
+        capture_step(model, state, workspace, ctx);
+        state.graph_key = key;
+      } catch (const std::exception& e) {
+        // Something in the step cannot be captured (a library call that synchronises, say):
+        // the step is still correct eagerly, so say why once and stop trying.
+        spdlog::warn(
+            "cannot capture the training step in a CUDA graph ({}); --cuda-graphs is "
+            "off for the rest of the run",
+            e.what());
+        workspace.cuda_graph = false;
+        state.have_eager_key = false;
+      }
     }
     if (state.graph != nullptr && key == state.graph_key) {
       RINGTRAIN_CHECK_CUDA(cudaGraphLaunch(state.graph, stream));

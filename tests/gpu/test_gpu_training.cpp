@@ -20,6 +20,7 @@
 #include "ringtrain/gpu_context.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
+#include "ringtrain/optim_math.h"
 #include "ringtrain/train.h"
 
 using namespace ringtrain;
@@ -278,7 +279,7 @@ TEST_CASE("a step graph is recaptured when buffers move or the batch shape chang
                            {false, false, true, false, true}, 2);
 }
 
-TEST_CASE("a device weight average equals the host one, bit for bit", "[gpu][ema]") {
+TEST_CASE("a device weight average follows the host one", "[gpu][ema]") {
   Context& ctx = gpu_context().context();
   auto model = make_model({.name = "cnn", .device = Device::kCuda});
   model->init_params(5);
@@ -286,18 +287,29 @@ TEST_CASE("a device weight average equals the host one, bit for bit", "[gpu][ema
   const Tensor& params = model->params();
   WeightEma device_ema(0.99f, params.data(), params.numel(), ctx.stream);
   WeightEma host_ema(0.99f, model->params_to_host());
+  // The kernel's exact arithmetic (kernels/optim.cu: fma(keep, shadow, take * w)), on the host.
+  std::vector<float> reference = model->params_to_host();
   CHECK(device_ema.device() == Device::kCuda);
   CHECK_THROWS_WITH(device_ema.shadow(), Catch::Contains("shadow_to_host"));
   StepWorkspace ws;
-  for (int step = 0; step < 4; ++step) {
+  for (int64_t step = 0; step < 4; ++step) {
     train_step_device(*model, *opt, synthetic_batch(16, 70 + static_cast<uint32_t>(step)), 0.05f,
                       ws, ctx);
+    const EmaFactors f = ema_factors(0.99f, step);
     device_ema.update({params.data(), static_cast<size_t>(params.numel())});
-    host_ema.update(model->params_to_host());
+    const std::vector<float> w = model->params_to_host();
+    host_ema.update(w);
+    for (size_t i = 0; i < w.size(); ++i)
+      reference[i] = std::fma(f.keep, reference[i], f.take * w[i]);
   }
   CHECK(device_ema.updates() == 4);
   const std::vector<float> device_shadow = device_ema.shadow_to_host();
-  CHECK(device_shadow == std::vector<float>(host_ema.shadow().begin(), host_ema.shadow().end()));
+  CHECK(device_shadow == reference);
+  // The host loop is the same expression; whether the host compiler fuses it as the kernel
+  // does depends on its target (kernels/README.md), so it is compared to float rounding.
+  const Difference d = compare(
+      std::vector<float>(host_ema.shadow().begin(), host_ema.shadow().end()), device_shadow);
+  CHECK(d.max <= 1e-6);
   CHECK(device_shadow != model->params_to_host());  // it is an average, not a copy
   // A checkpoint's shadow goes back to the device as it was.
   WeightEma restored(0.99f, params.data(), params.numel(), ctx.stream);

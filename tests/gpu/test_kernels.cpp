@@ -28,6 +28,7 @@
 
 #include "gpu/device_buffer.h"
 #include "kernels.h"
+#include "layout.h"
 #include "ringtrain/ops.h"
 #include "ringtrain/optim.h"
 
@@ -863,4 +864,52 @@ TEST_CASE("the elementwise kernels index buffers above 2^32 values with int64",
   put(n - 2, -kInf);
   gpu::count_nonfinite(x.data(), n, count.data(), nullptr);
   CHECK(count.download()[0] == 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Filter layout transposes (layout.h, the cuDNN conv path): values only move, so bit for bit.
+// ---------------------------------------------------------------------------------------
+
+TEST_CASE("gpu::transpose_hwio_to_krsc and back give the host permutation and the same bits",
+          "[gpu][kernels]") {
+  struct Filter {
+    int64_t taps, cin, cout;
+  };
+  // The cnn's filters (1 -> 8, 8 -> 16), a generic one, degenerate ones, and one above a
+  // capped grid (4096 x 256 threads), so the grid-stride loop goes round.
+  const Filter filters[] = {{9, 1, 8}, {9, 8, 16}, {9, 3, 5},     {1, 1, 1},
+                            {4, 7, 3}, {9, 1, 1},  {9, 256, 512}, {9, 1000, 131}};
+  uint32_t seed = 900;
+  for (const Filter& f : filters) {
+    INFO("taps " << f.taps << ", cin " << f.cin << ", cout " << f.cout);
+    const size_t n = static_cast<size_t>(f.taps * f.cin * f.cout);
+    std::vector<float> hwio = random_floats(n, seed++);
+    add_specials(hwio);  // NaN payloads, -0, denormals must move unchanged
+    std::vector<float> expected_krsc(n);
+    for (int64_t tap = 0; tap < f.taps; ++tap)
+      for (int64_t ci = 0; ci < f.cin; ++ci)
+        for (int64_t co = 0; co < f.cout; ++co)
+          expected_krsc[static_cast<size_t>((co * f.taps + tap) * f.cin + ci)] =
+              hwio[static_cast<size_t>((tap * f.cin + ci) * f.cout + co)];
+    DeviceBuffer<float> source(hwio);
+    DeviceBuffer<float> krsc(n);
+    DeviceBuffer<float> back(n);
+    krsc.fill_bytes(0xff);
+    back.fill_bytes(0xff);
+    gpu::transpose_hwio_to_krsc(source.data(), krsc.data(), f.taps, f.cin, f.cout, nullptr);
+    gpu::transpose_krsc_to_hwio(krsc.data(), back.data(), f.taps, f.cin, f.cout, nullptr);
+    const std::vector<float> got_krsc = krsc.download();
+    const std::vector<float> got_back = back.download();
+    // memcmp: the transposes copy bits, NaN payloads included.
+    CHECK(std::memcmp(got_krsc.data(), expected_krsc.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(got_back.data(), hwio.data(), n * sizeof(float)) == 0);
+  }
+  // Zero sizes launch nothing (null pointers fine); negative sizes throw.
+  gpu::transpose_hwio_to_krsc(nullptr, nullptr, 9, 0, 8, nullptr);
+  gpu::transpose_krsc_to_hwio(nullptr, nullptr, 0, 4, 8, nullptr);
+  device_sync();
+  CHECK_THROWS_AS(gpu::transpose_hwio_to_krsc(nullptr, nullptr, 9, -1, 8, nullptr),
+                  ringtrain::Error);
+  CHECK_THROWS_AS(gpu::transpose_krsc_to_hwio(nullptr, nullptr, 9, 1, -8, nullptr),
+                  ringtrain::Error);
 }
