@@ -57,6 +57,9 @@ expect_exit "infinite learning rate" 2 "--lr" "$trainer" --lr inf
 expect_exit "NaN learning rate" 2 "--lr" "$trainer" --lr nan
 expect_exit "--cuda-graphs on the CPU" 2 "--cuda-graphs needs a GPU" \
   "$trainer" --cuda-graphs --device cpu "${short[@]}"
+expect_exit "--conv-impl cudnn on the CPU" 2 "--conv-impl cudnn needs a GPU" \
+  "$trainer" --conv-impl cudnn --device cpu "${short[@]}"
+expect_exit "--conv-impl of nothing known" 2 "--conv-impl" "$trainer" --conv-impl winograd
 expect_exit "--data-on-gpu on the CPU" 2 "--data-on-gpu needs a GPU" \
   "$trainer" --data-on-gpu --device cpu "${short[@]}"
 expect_exit "unknown model (exit 2)" 2 "--model" "$trainer" --model resnet
