@@ -411,7 +411,7 @@ void conv2d_forward(const Context& ctx, const float* x, const float* w, const fl
 
 void conv2d_backward(const Context& ctx, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx, int64_t batch, int64_t height, int64_t width,
-                     int64_t cin, int64_t cout) {
+                     int64_t cin, int64_t cout, float* workspace, int64_t workspace_floats) {
   check_conv_shape(batch, height, width, cin, cout);
   const cudnnHandle_t handle = handle_of(ctx);
   const cudaStream_t stream = stream_of(ctx);
@@ -422,7 +422,7 @@ void conv2d_backward(const Context& ctx, const float* x, const float* w, const f
         plan.backward_filter_algo, plan.workspace.get(), plan.workspace.bytes(), &kZero,
         plan.w.get(), plan.dw_krsc.get()));
     gpu::transpose_krsc_to_hwio(plan.dw_krsc.floats(), dw, kTaps, cin, cout, stream);
-    gpu::bias_grad(dy, db, batch * height * width, cout, stream);
+    gpu::bias_grad(dy, db, batch * height * width, cout, workspace, workspace_floats, stream);
   }
   if (dx != nullptr) {
     // w changed since the forward (the optimizer ran) or not: transpose it again either way,

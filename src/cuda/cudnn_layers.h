@@ -15,9 +15,10 @@ namespace ringtrain::cudnn_layers {
 void conv2d_forward(const Context& ctx, const float* x, const float* w, const float* b, float* y,
                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout);
 // dw and db (either both or neither; they are overwritten), dx may be null to skip.
+// workspace: for the bias gradient, as gpu_ops::conv2d_backward's.
 void conv2d_backward(const Context& ctx, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx, int64_t batch, int64_t height, int64_t width,
-                     int64_t cin, int64_t cout);
+                     int64_t cin, int64_t cout, float* workspace, int64_t workspace_floats);
 // x[B,H,W,C] -> y[B,H/2,W/2,C], H and W even.
 void maxpool2d_forward(const Context& ctx, const float* x, float* y, int64_t batch, int64_t height,
                        int64_t width, int64_t channels);

@@ -80,18 +80,24 @@ void conv2d_forward(const Context& ctx, const float* x, const float* w, const fl
   gpu::conv2d_forward(x, w, b, y, batch, height, width, cin, cout, stream_of(ctx));
 }
 
+int64_t conv2d_backward_workspace_floats(int64_t batch, int64_t height, int64_t width,
+                                         int64_t cout) {
+  return gpu::bias_grad_workspace_floats(batch * height * width, cout);
+}
+
 void conv2d_backward(const Context& ctx, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx, int64_t batch, int64_t height, int64_t width,
-                     int64_t cin, int64_t cout) {
+                     int64_t cin, int64_t cout, float* workspace, int64_t workspace_floats) {
   RINGTRAIN_CHECK((dw == nullptr) == (db == nullptr),
                   "conv2d_backward: dw and db come together (both or neither)");
   if (ctx.conv_impl == ConvImpl::kCudnn) {
-    return cudnn_layers::conv2d_backward(ctx, x, w, dy, dw, db, dx, batch, height, width, cin,
-                                         cout);
+    return cudnn_layers::conv2d_backward(ctx, x, w, dy, dw, db, dx, batch, height, width, cin, cout,
+                                         workspace, workspace_floats);
   }
   if (dw != nullptr) {
     gpu::conv2d_backward_weights(x, dy, dw, batch, height, width, cin, cout, stream_of(ctx));
-    gpu::bias_grad(dy, db, batch * height * width, cout, stream_of(ctx));
+    gpu::bias_grad(dy, db, batch * height * width, cout, workspace, workspace_floats,
+                   stream_of(ctx));
   }
   if (dx != nullptr) {
     gpu::conv2d_backward_input(w, dy, dx, batch, height, width, cin, cout, stream_of(ctx));

@@ -365,8 +365,13 @@ class Conv2D final : public Layer {
   void backward_params(const Tensor& x, const Tensor&, const Tensor& dy, Context& ctx,
                        const GradProgressFn&) override {
     if (runs_on_gpu(*this, x, ctx)) {
+      const int64_t workspace_floats =
+          gpu_ops::conv2d_backward_workspace_floats(x.dim(0), x.dim(1), x.dim(2), cout_);
+      if (bias_workspace_.device() != Device::kCuda) bias_workspace_ = Tensor(Device::kCuda);
+      bias_workspace_.resize(Shape{std::max<int64_t>(workspace_floats, 1)});
       gpu_ops::conv2d_backward(ctx, x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr,
-                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
+                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_, bias_workspace_.data(),
+                               workspace_floats);
       return;
     }
     conv2d_backward<float>(x.data(), cols_.data(), w_.data(), dy.data(), dw_.data(), db_.data(),
@@ -377,7 +382,7 @@ class Conv2D final : public Layer {
     dx.resize(x.shape());
     if (runs_on_gpu(*this, x, ctx)) {
       gpu_ops::conv2d_backward(ctx, x.data(), w_.data(), dy.data(), nullptr, nullptr, dx.data(),
-                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
+                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_, nullptr, 0);
       return;
     }
     if (im2col_) dcols_.resize(cols_.shape());
@@ -387,11 +392,12 @@ class Conv2D final : public Layer {
 
  private:
   int64_t cin_, cout_;
-  bool im2col_;     // false: the direct path, which needs no scratch
-  Tensor w_, b_;    // w_ [3, 3, cin, cout], b_ [cout]: views into the flat parameters
-  Tensor dw_, db_;  // views into the flat gradients
-  Tensor cols_;     // im2col path: [B*H*W, 9*cin] im2col of the last forward's input
-  Tensor dcols_;    // im2col path: [B*H*W, 9*cin] gradient of cols_ (only when dx is wanted)
+  bool im2col_;            // false: the direct path, which needs no scratch
+  Tensor w_, b_;           // w_ [3, 3, cin, cout], b_ [cout]: views into the flat parameters
+  Tensor dw_, db_;         // views into the flat gradients
+  Tensor cols_;            // im2col path: [B*H*W, 9*cin] im2col of the last forward's input
+  Tensor dcols_;           // im2col path: [B*H*W, 9*cin] gradient of cols_ (only when dx is wanted)
+  Tensor bias_workspace_;  // GPU: the bias gradient's partial column sums (gpu_ops.h)
 };
 
 }  // namespace
