@@ -1,7 +1,12 @@
 // The cnn's 3x3 convolution and 2x2 max pooling as direct kernels (see conv.h for why not
-// cuDNN). Every kernel sums in the order of its CPU twin in src/layers/, and every reduction
-// is a fixed tree over a fixed partition (no atomics), so results are deterministic.
+// cuDNN). The forward and input-gradient kernels sum in the order of their CPU twins in
+// src/layers/; the weight gradient is a fixed partition of the pixels into chunks whose sums
+// are added in a fixed order (no atomics), so every result is deterministic.
 #include "conv.h"
+
+#include <algorithm>
+
+#include "kernels.h"
 
 #include "ringtrain/check.h"
 #include "ringtrain/cuda_check.h"
@@ -45,36 +50,44 @@ __global__ void conv2d_forward_kernel(const float* __restrict__ x, const float* 
   y[index] = acc;
 }
 
-// One block per weight (tap, ci, co): the block's threads stride over the B*H*W output pixels,
-// then add their partial sums in a fixed shared-memory tree.
-__global__ void conv2d_backward_weights_kernel(const float* __restrict__ x,
-                                               const float* __restrict__ dy, float* __restrict__ dw,
-                                               int64_t pixels, int height, int width, int cin,
-                                               int cout) {
-  __shared__ float partial[kThreads];
-  const int weight = static_cast<int>(blockIdx.x);  // ((kh * 3 + kw) * cin + ci) * cout + co
-  const int co = weight % cout;
+// The weight gradient in two deterministic passes. Pass 1: block (x, y) gives each of its
+// threads one weight (tap, ci, co) and the pixel chunk y; the thread walks the chunk's pixels
+// in order, keeping (image, row, col) as counters (no division per pixel), and writes its sum
+// to partial[chunk, weight]. Pass 2 is bias_grad's fixed-order column sum over the chunks.
+// Threads of a warp share the pixel and differ in co (fastest), ci and tap: their dy reads
+// are one sector, their x reads a small neighbourhood.
+__global__ void conv2d_backward_weights_partial_kernel(const float* __restrict__ x,
+                                                       const float* __restrict__ dy,
+                                                       float* __restrict__ partial, int64_t pixels,
+                                                       int64_t chunk, int height, int width,
+                                                       int cin, int cout, int weights) {
+  const int weight = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (weight >= weights) return;  // no barrier below: an early return is safe
+  const int co = weight % cout;   // weight = ((kh * 3 + kw) * cin + ci) * cout + co
   const int ci = (weight / cout) % cin;
   const int tap = weight / (cout * cin);
   const int dh = tap / 3 - 1, dwid = tap % 3 - 1;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t end = begin + chunk < pixels ? begin + chunk : pixels;
+  int col = static_cast<int>(begin % width);
+  int row = static_cast<int>((begin / width) % height);
+  int64_t image = begin / (static_cast<int64_t>(width) * height);
   float sum = 0.0f;
-  for (int64_t p = threadIdx.x; p < pixels; p += blockDim.x) {
-    const int col = static_cast<int>(p % width);
-    const int row = static_cast<int>((p / width) % height);
+  for (int64_t p = begin; p < end; ++p) {
     const int ih = row + dh, iw = col + dwid;
-    if (ih < 0 || ih >= height || iw < 0 || iw >= width) continue;
-    const int64_t image = p / (static_cast<int64_t>(width) * height);
-    const int64_t source = (image * height + ih) * width + iw;
-    sum += x[source * cin + ci] * dy[p * cout + co];
+    if (ih >= 0 && ih < height && iw >= 0 && iw < width) {
+      const int64_t source = (image * height + ih) * width + iw;
+      sum += x[source * cin + ci] * dy[p * cout + co];
+    }
+    if (++col == width) {
+      col = 0;
+      if (++row == height) {
+        row = 0;
+        ++image;
+      }
+    }
   }
-  partial[threadIdx.x] = sum;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride)
-      partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) dw[weight] = partial[0];
+  partial[static_cast<int64_t>(blockIdx.y) * weights + weight] = sum;
 }
 
 // One thread per input-gradient value (b, qh, qw, ci): a gather, so each is written once.
@@ -163,6 +176,12 @@ void check_conv_shape(int64_t batch, int64_t height, int64_t width, int64_t cin,
                   width, cin, cout);
 }
 
+// Pixels per chunk of the weight gradient's first pass: 256 (enough chunks to fill the GPU
+// at the cnn's sizes), more when that would exceed the grid's 65535 rows.
+int64_t weight_gradient_chunk(int64_t pixels) {
+  return std::max<int64_t>(256, (pixels + 65534) / 65535);
+}
+
 void check_pool_shape(int64_t batch, int64_t height, int64_t width, int64_t channels) {
   RINGTRAIN_CHECK(
       batch > 0 && height > 0 && width > 0 && height % 2 == 0 && width % 2 == 0 && channels > 0,
@@ -183,13 +202,30 @@ void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
 
 void conv2d_backward_weights(const float* x, const float* dy, float* dw, int64_t batch,
                              int64_t height, int64_t width, int64_t cin, int64_t cout,
-                             cudaStream_t stream) {
+                             float* workspace, int64_t workspace_floats, cudaStream_t stream) {
   check_conv_shape(batch, height, width, cin, cout);
-  const auto weights = static_cast<unsigned int>(9 * cin * cout);
-  conv2d_backward_weights_kernel<<<weights, kThreads, 0, stream>>>(
-      x, dy, dw, batch * height * width, static_cast<int>(height), static_cast<int>(width),
-      static_cast<int>(cin), static_cast<int>(cout));
+  const int64_t pixels = batch * height * width, weights = 9 * cin * cout;
+  const int64_t chunk = weight_gradient_chunk(pixels);
+  const int64_t chunks = (pixels + chunk - 1) / chunk;
+  RINGTRAIN_CHECK(workspace != nullptr && workspace_floats >= chunks * weights,
+                  "conv2d_backward_weights: a workspace of {} floats is needed, {} given",
+                  chunks * weights, workspace_floats);
+  constexpr int kWeightThreads = 128;
+  const dim3 grid(static_cast<unsigned int>((weights + kWeightThreads - 1) / kWeightThreads),
+                  static_cast<unsigned int>(chunks));
+  conv2d_backward_weights_partial_kernel<<<grid, kWeightThreads, 0, stream>>>(
+      x, dy, workspace, pixels, chunk, static_cast<int>(height), static_cast<int>(width),
+      static_cast<int>(cin), static_cast<int>(cout), static_cast<int>(weights));
   RINGTRAIN_CHECK_LAUNCH();
+  bias_grad(workspace, dw, chunks, weights, stream);  // dw[w] = sum over chunks, fixed order
+}
+
+int64_t conv2d_backward_weights_workspace_floats(int64_t batch, int64_t height, int64_t width,
+                                                 int64_t cin, int64_t cout) {
+  check_conv_shape(batch, height, width, cin, cout);
+  const int64_t pixels = batch * height * width;
+  const int64_t chunk = weight_gradient_chunk(pixels);
+  return (pixels + chunk - 1) / chunk * 9 * cin * cout;
 }
 
 void conv2d_backward_input(const float* w, const float* dy, float* dx, int64_t batch,

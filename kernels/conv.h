@@ -27,9 +27,13 @@ void conv2d_forward(const float* x, const float* w, const float* bias, float* y,
                     int64_t height, int64_t width, int64_t cin, int64_t cout, cudaStream_t stream);
 // dw[kh,kw,ci,co] = sum over pixels of x[p + tap offset, ci] * dy[p, co] (overwrites); the bias
 // gradient is gpu::bias_grad over dy as [B*H*W, Cout].          Twin: conv2d_backward's dw.
+// Summed per chunk of pixels, then over the chunks (conv.cu), in a device workspace of
+// conv2d_backward_weights_workspace_floats(...) floats.
 void conv2d_backward_weights(const float* x, const float* dy, float* dw, int64_t batch,
                              int64_t height, int64_t width, int64_t cin, int64_t cout,
-                             cudaStream_t stream);
+                             float* workspace, int64_t workspace_floats, cudaStream_t stream);
+int64_t conv2d_backward_weights_workspace_floats(int64_t batch, int64_t height, int64_t width,
+                                                 int64_t cin, int64_t cout);
 // dx[b,qh,qw,ci] = sum over taps whose output pixel is in bounds and co of
 // w[kh,kw,ci,co] * dy[b,qh-kh+1,qw-kw+1,co] (overwrites).      Twin: conv2d_backward's dx.
 void conv2d_backward_input(const float* w, const float* dy, float* dx, int64_t batch,

@@ -50,7 +50,7 @@ void conv2d_backward(const Context&, const float*, const float*, const float*, f
                      float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*, int64_t) {
   no_gpu("conv2d on the GPU");
 }
-int64_t conv2d_backward_workspace_floats(int64_t, int64_t, int64_t, int64_t) {
+int64_t conv2d_backward_workspace_floats(int64_t, int64_t, int64_t, int64_t, int64_t) {
   no_gpu("conv2d on the GPU");
 }
 void maxpool2d_forward(const Context&, const float*, float*, int64_t, int64_t, int64_t, int64_t) {

@@ -41,14 +41,14 @@ void relu_backward(const Context& ctx, const float* y, const float* dy, float* d
 // (src/cuda/cudnn_layers.h; --conv-impl).
 void conv2d_forward(const Context& ctx, const float* x, const float* w, const float* b, float* y,
                     int64_t batch, int64_t height, int64_t width, int64_t cin, int64_t cout);
-// dw and db (either both or neither), dx may be null to skip. The bias gradient is a column
-// sum over B*H*W rows (100352 at batch 128 on 28x28): `workspace` (device memory of
-// conv2d_backward_workspace_floats floats, may be null when that is 0) lets it spread over many
-// blocks instead of one (kernels.h: bias_grad's two forms).
+// dw and db (either both or neither), dx may be null to skip. The weight and bias gradients
+// are sums over B*H*W pixels (100352 at batch 128 on 28x28), done in chunks over many blocks
+// with their partial sums in `workspace` (device memory of conv2d_backward_workspace_floats
+// floats; unused, and may be null, when dw is).
 void conv2d_backward(const Context& ctx, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx, int64_t batch, int64_t height, int64_t width,
                      int64_t cin, int64_t cout, float* workspace, int64_t workspace_floats);
-int64_t conv2d_backward_workspace_floats(int64_t batch, int64_t height, int64_t width,
+int64_t conv2d_backward_workspace_floats(int64_t batch, int64_t height, int64_t width, int64_t cin,
                                          int64_t cout);
 void maxpool2d_forward(const Context& ctx, const float* x, float* y, int64_t batch, int64_t height,
                        int64_t width, int64_t channels);

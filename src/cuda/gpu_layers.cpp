@@ -80,9 +80,11 @@ void conv2d_forward(const Context& ctx, const float* x, const float* w, const fl
   gpu::conv2d_forward(x, w, b, y, batch, height, width, cin, cout, stream_of(ctx));
 }
 
-int64_t conv2d_backward_workspace_floats(int64_t batch, int64_t height, int64_t width,
+// The workspace: the bias gradient's partial sums first, then the weight gradient's.
+int64_t conv2d_backward_workspace_floats(int64_t batch, int64_t height, int64_t width, int64_t cin,
                                          int64_t cout) {
-  return gpu::bias_grad_workspace_floats(batch * height * width, cout);
+  return gpu::bias_grad_workspace_floats(batch * height * width, cout) +
+         gpu::conv2d_backward_weights_workspace_floats(batch, height, width, cin, cout);
 }
 
 void conv2d_backward(const Context& ctx, const float* x, const float* w, const float* dy, float* dw,
@@ -90,14 +92,20 @@ void conv2d_backward(const Context& ctx, const float* x, const float* w, const f
                      int64_t cin, int64_t cout, float* workspace, int64_t workspace_floats) {
   RINGTRAIN_CHECK((dw == nullptr) == (db == nullptr),
                   "conv2d_backward: dw and db come together (both or neither)");
+  const int64_t bias_floats = gpu::bias_grad_workspace_floats(batch * height * width, cout);
+  const int64_t needed = conv2d_backward_workspace_floats(batch, height, width, cin, cout);
+  RINGTRAIN_CHECK(dw == nullptr || (workspace != nullptr && workspace_floats >= needed),
+                  "conv2d_backward: the workspace holds {} floats, {} are needed", workspace_floats,
+                  needed);
   if (ctx.conv_impl == ConvImpl::kCudnn) {
     return cudnn_layers::conv2d_backward(ctx, x, w, dy, dw, db, dx, batch, height, width, cin, cout,
-                                         workspace, workspace_floats);
+                                         workspace, bias_floats);
   }
   if (dw != nullptr) {
-    gpu::conv2d_backward_weights(x, dy, dw, batch, height, width, cin, cout, stream_of(ctx));
-    gpu::bias_grad(dy, db, batch * height * width, cout, workspace, workspace_floats,
-                   stream_of(ctx));
+    gpu::conv2d_backward_weights(x, dy, dw, batch, height, width, cin, cout,
+                                 workspace + bias_floats, workspace_floats - bias_floats,
+                                 stream_of(ctx));
+    gpu::bias_grad(dy, db, batch * height * width, cout, workspace, bias_floats, stream_of(ctx));
   }
   if (dx != nullptr) {
     gpu::conv2d_backward_input(w, dy, dx, batch, height, width, cin, cout, stream_of(ctx));

@@ -366,11 +366,11 @@ class Conv2D final : public Layer {
                        const GradProgressFn&) override {
     if (runs_on_gpu(*this, x, ctx)) {
       const int64_t workspace_floats =
-          gpu_ops::conv2d_backward_workspace_floats(x.dim(0), x.dim(1), x.dim(2), cout_);
-      if (bias_workspace_.device() != Device::kCuda) bias_workspace_ = Tensor(Device::kCuda);
-      bias_workspace_.resize(Shape{std::max<int64_t>(workspace_floats, 1)});
+          gpu_ops::conv2d_backward_workspace_floats(x.dim(0), x.dim(1), x.dim(2), cin_, cout_);
+      if (grad_workspace_.device() != Device::kCuda) grad_workspace_ = Tensor(Device::kCuda);
+      grad_workspace_.resize(Shape{std::max<int64_t>(workspace_floats, 1)});
       gpu_ops::conv2d_backward(ctx, x.data(), w_.data(), dy.data(), dw_.data(), db_.data(), nullptr,
-                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_, bias_workspace_.data(),
+                               x.dim(0), x.dim(1), x.dim(2), cin_, cout_, grad_workspace_.data(),
                                workspace_floats);
       return;
     }
@@ -397,7 +397,7 @@ class Conv2D final : public Layer {
   Tensor dw_, db_;         // views into the flat gradients
   Tensor cols_;            // im2col path: [B*H*W, 9*cin] im2col of the last forward's input
   Tensor dcols_;           // im2col path: [B*H*W, 9*cin] gradient of cols_ (only when dx is wanted)
-  Tensor bias_workspace_;  // GPU: the bias gradient's partial column sums (gpu_ops.h)
+  Tensor grad_workspace_;  // GPU: the weight and bias gradients' partial sums (gpu_ops.h)
 };
 
 }  // namespace
