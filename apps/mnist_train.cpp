@@ -277,12 +277,17 @@ void add_flags(CLI::App& app, Options& o) {
 
 // Evaluates the test set, split over the ranks, with the EMA weights when there are any
 // (restoring the trained ones after).
+// trained_scratch keeps a device model's trained weights meanwhile (allocated once: a new
+// allocation would make --cuda-graphs recapture after every evaluation).
 EvalResult evaluate_test(Comm& comm, Model& model, const Dataset& test, const Options& o,
-                         const WeightEma* ema, Batch& scratch, Context& ctx) {
+                         const WeightEma* ema, Batch& scratch, Context& ctx,
+                         Tensor& trained_scratch) {
   if (ema == nullptr) return evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
   if (model.device() != Device::kCpu) {  // device-to-device copies of the trained weights
     Tensor& params = model.params();
-    Tensor trained(params.shape(), Device::kCuda);
+    Tensor& trained = trained_scratch;
+    if (trained.device() != Device::kCuda) trained = Tensor(Device::kCuda);
+    trained.resize(params.shape());
     copy_floats(trained.data(), Device::kCuda, params.data(), Device::kCuda, params.numel());
     copy_floats(params.data(), Device::kCuda, ema->shadow_data(), ema->device(), params.numel());
     EvalResult result = evaluate_sharded(comm, model, test, o.eval_batch, scratch, ctx);
@@ -925,6 +930,7 @@ int run(Options o, MpiComm& comm) {
 #endif
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
+  Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
 #ifdef RINGTRAIN_HAVE_GPU
   // --data-on-gpu: the training set's bytes on the GPU, each batch gathered there.
   std::shared_ptr<const DeviceDataset> device_train;
@@ -1054,8 +1060,8 @@ int run(Options o, MpiComm& comm) {
       window_correct = window_samples = window_steps = 0;
     }
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != total_steps && replicas_equal) {
-      const EvalResult eval =
-          evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx);
+      const EvalResult eval = evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr,
+                                            eval_scratch, ctx, ema_swap);
       if (!show_progress) {
         spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", done, eval.accuracy(),
                      eval.mean_loss());
@@ -1086,7 +1092,7 @@ int run(Options o, MpiComm& comm) {
   if (checkpoints && last_checkpoint_step != total_steps) write_checkpoint(total_steps);
 
   const EvalResult eval =
-      evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx);
+      evaluate_test(comm, *model, data.test, o, ema ? &*ema : nullptr, eval_scratch, ctx, ema_swap);
   const int64_t trained_steps = std::max<int64_t>(0, total_steps - start_step);
   // Every rank waits for the slowest at each step, so rank 0's clock is the job's.
   const double images_per_sec =

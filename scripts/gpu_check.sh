@@ -94,7 +94,7 @@ CONFIGS=()
 # 128 plain and fastest, then the single variants, then batch 512.
 DEFAULT_CONFIGS="mlp:128 cnn:128 mlp-wide:128"
 DEFAULT_CONFIGS+=" mlp+gpudata+graphs:128 cnn+gpudata+graphs:128 mlp-wide+gpudata+graphs:128"
-DEFAULT_CONFIGS+=" mlp+graphs:128 cnn+graphs:128 cnn+cudnn+gpudata+graphs:128"
+DEFAULT_CONFIGS+=" mlp+graphs:128 cnn+graphs:128 cnn+cudnn:128 cnn+cudnn+gpudata+graphs:128"
 DEFAULT_CONFIGS+=" mlp:512 cnn:512 mlp-wide:512 mlp+gpudata+graphs:512"
 for c in ${GPU_CHECK_CONFIGS:-$DEFAULT_CONFIGS}; do
   name="${c%%:*}" batch="${c#*:}"

@@ -11,6 +11,7 @@
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/device_bucketer.h"
 #include "ringtrain/gpu_context.h"
+#include "ringtrain/graph_policy.h"
 #include "ringtrain/train.h"
 
 namespace ringtrain {
@@ -81,8 +82,7 @@ struct DeviceStepState {
   // captured with, and what the last eager step ran with (a capture follows an eager step with
   // the same key, so that the capture itself never allocates).
   cudaGraphExec_t graph = nullptr;
-  StepGraphKey graph_key, eager_key;
-  bool have_eager_key = false;
+  GraphCapturePolicy<StepGraphKey> graph_policy;
   int64_t captures = 0;  // graphs captured so far (tests, logs)
 
   DeviceStepState() {
@@ -336,40 +336,46 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
   const int64_t rows = state.images.dim(0);
   if (workspace.dlogits.device() != Device::kCuda) workspace.dlogits = Tensor(Device::kCuda);
   workspace.dlogits.resize(Shape{rows, classes});
-  RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
-
   StepStats stats;
   stats.samples = rows;
   if (workspace.cuda_graph) {
     const StepGraphKey key = graph_key_of(model, state, workspace, ctx);
-    const bool replay = state.graph != nullptr && key == state.graph_key;
-    if (!replay && state.have_eager_key && key == state.eager_key) {
+    auto action = state.graph_policy.decide(key);
+    if (action == GraphCapturePolicy<StepGraphKey>::Action::kCapture) {
       try {
         capture_step(model, state, workspace, ctx);
-        state.graph_key = key;
+        state.graph_policy.captured(key);
+        action = GraphCapturePolicy<StepGraphKey>::Action::kReplay;
       } catch (const std::exception& e) {
         // Something in the step cannot be captured (a library call that synchronises, say):
-        // the step is still correct eagerly, so say why once and stop trying.
+        // the step is still correct eagerly, so say why once and stop trying. A failed
+        // Begin/EndCapture or Instantiate leaves its error as the thread's last error, which
+        // the eager step's first launch check would report: clear it.
+        (void)cudaGetLastError();
         spdlog::warn(
             "cannot capture the training step in a CUDA graph ({}); --cuda-graphs is "
             "off for the rest of the run",
             e.what());
         workspace.cuda_graph = false;
-        state.have_eager_key = false;
+        state.graph_policy.forget_eager();
+        action = GraphCapturePolicy<StepGraphKey>::Action::kEager;
       }
     }
-    if (state.graph != nullptr && key == state.graph_key) {
+    // The step's device time starts here: a capture queues nothing, and its host time is
+    // not the GPU's.
+    RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
+    if (action == GraphCapturePolicy<StepGraphKey>::Action::kReplay) {
       RINGTRAIN_CHECK_CUDA(cudaGraphLaunch(state.graph, stream));
       stats.graph_replayed = true;
     } else {
       enqueue_forward_backward(model, state, workspace, ctx, nullptr);
       // After the step: whatever it allocated (the first step's activations) is now part of
       // the key, so the next step with this shape captures.
-      state.eager_key = graph_key_of(model, state, workspace, ctx);
-      state.have_eager_key = true;
+      state.graph_policy.ran_eagerly(graph_key_of(model, state, workspace, ctx));
       stats.graph_replayed = false;
     }
   } else {
+    RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
     enqueue_forward_backward(model, state, workspace, ctx, bucketer);
   }
   Tensor& params = model.params();
