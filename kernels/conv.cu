@@ -118,18 +118,25 @@ __global__ void conv2d_backward_input_kernel(const float* __restrict__ w,
   dx[index] = acc;
 }
 
-// One thread per output value (b, i, j, c).
-__global__ void maxpool2d_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
-                                         int64_t total, int height, int width, int channels) {
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= total) return;
+// The offset in x [B, H, W, C] of the top-left value of output value `index`'s 2x2 window
+// (output [B, H/2, W/2, C], index = ((b * H/2 + i) * W/2 + j) * C + c).
+__device__ __forceinline__ int64_t window_origin(int64_t index, int height, int width,
+                                                 int channels) {
   const int out_h = height / 2, out_w = width / 2;
   const int c = static_cast<int>(index % channels);
   const int64_t cell = index / channels;
   const int j = static_cast<int>(cell % out_w);
   const int i = static_cast<int>((cell / out_w) % out_h);
   const int64_t image = cell / (static_cast<int64_t>(out_w) * out_h);
-  const float* top = x + ((image * height + 2 * i) * width + 2 * j) * channels + c;
+  return ((image * height + 2 * i) * width + 2 * j) * channels + c;
+}
+
+// One thread per output value (b, i, j, c).
+__global__ void maxpool2d_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                         int64_t total, int height, int width, int channels) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= total) return;
+  const float* top = x + window_origin(index, height, width, channels);
   const float* bottom = top + static_cast<int64_t>(width) * channels;
   float m = top[0];
   m = top[channels] > m ? top[channels] : m;
@@ -145,13 +152,7 @@ __global__ void maxpool2d_backward_kernel(const float* __restrict__ x, const flo
                                           int64_t total, int height, int width, int channels) {
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= total) return;
-  const int out_h = height / 2, out_w = width / 2;
-  const int c = static_cast<int>(index % channels);
-  const int64_t cell = index / channels;
-  const int j = static_cast<int>(cell % out_w);
-  const int i = static_cast<int>((cell / out_w) % out_h);
-  const int64_t image = cell / (static_cast<int64_t>(out_w) * out_h);
-  const int64_t p00 = ((image * height + 2 * i) * width + 2 * j) * channels + c;
+  const int64_t p00 = window_origin(index, height, width, channels);
   const int64_t p01 = p00 + channels;
   const int64_t p10 = p00 + static_cast<int64_t>(width) * channels;
   const int64_t p11 = p10 + channels;
