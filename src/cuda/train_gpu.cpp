@@ -315,6 +315,47 @@ void capture_step(Model& model, DeviceStepState& state, StepWorkspace& workspace
   ++state.captures;
 }
 
+// --cuda-graphs: queues the upload, forward, loss and backward as GraphCapturePolicy says:
+// replaying the step graph, capturing it first, or eagerly. Records state.step_start before
+// the work (after a capture, which queues nothing). Returns whether a graph ran.
+bool enqueue_through_graph(Model& model, DeviceStepState& state, StepWorkspace& workspace,
+                           Context& ctx) {
+  using Action = GraphCapturePolicy<StepGraphKey>::Action;
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  const StepGraphKey key = graph_key_of(model, state, workspace, ctx);
+  Action action = state.graph_policy.decide(key);
+  if (action == Action::kCapture) {
+    try {
+      capture_step(model, state, workspace, ctx);
+      state.graph_policy.captured(key);
+      action = Action::kReplay;
+    } catch (const std::exception& e) {
+      // Something in the step cannot be captured (a library call that synchronises, say):
+      // the step is still correct eagerly, so say why once and stop trying. A failed
+      // Begin/EndCapture or Instantiate leaves its error as the thread's last error, which
+      // the eager step's first launch check would report: clear it.
+      (void)cudaGetLastError();
+      spdlog::warn(
+          "cannot capture the training step in a CUDA graph ({}); --cuda-graphs is off for the "
+          "rest of the run",
+          e.what());
+      workspace.cuda_graph = false;
+      state.graph_policy.forget_eager();
+      action = Action::kEager;
+    }
+  }
+  RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
+  if (action == Action::kReplay) {
+    RINGTRAIN_CHECK_CUDA(cudaGraphLaunch(state.graph, stream));
+    return true;
+  }
+  enqueue_forward_backward(model, state, workspace, ctx, nullptr);
+  // Whatever this step allocated (the first step's activations) is now part of the key, so
+  // the next step of this shape captures.
+  state.graph_policy.ran_eagerly(graph_key_of(model, state, workspace, ctx));
+  return false;
+}
+
 void check_device_step(const Model& model, const Optimizer& optimizer, const Context& ctx,
                        const StepWorkspace& workspace, const DeviceGradBucketer* bucketer) {
   RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda &&
@@ -339,41 +380,7 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
   StepStats stats;
   stats.samples = rows;
   if (workspace.cuda_graph) {
-    const StepGraphKey key = graph_key_of(model, state, workspace, ctx);
-    auto action = state.graph_policy.decide(key);
-    if (action == GraphCapturePolicy<StepGraphKey>::Action::kCapture) {
-      try {
-        capture_step(model, state, workspace, ctx);
-        state.graph_policy.captured(key);
-        action = GraphCapturePolicy<StepGraphKey>::Action::kReplay;
-      } catch (const std::exception& e) {
-        // Something in the step cannot be captured (a library call that synchronises, say):
-        // the step is still correct eagerly, so say why once and stop trying. A failed
-        // Begin/EndCapture or Instantiate leaves its error as the thread's last error, which
-        // the eager step's first launch check would report: clear it.
-        (void)cudaGetLastError();
-        spdlog::warn(
-            "cannot capture the training step in a CUDA graph ({}); --cuda-graphs is "
-            "off for the rest of the run",
-            e.what());
-        workspace.cuda_graph = false;
-        state.graph_policy.forget_eager();
-        action = GraphCapturePolicy<StepGraphKey>::Action::kEager;
-      }
-    }
-    // The step's device time starts here: a capture queues nothing, and its host time is
-    // not the GPU's.
-    RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
-    if (action == GraphCapturePolicy<StepGraphKey>::Action::kReplay) {
-      RINGTRAIN_CHECK_CUDA(cudaGraphLaunch(state.graph, stream));
-      stats.graph_replayed = true;
-    } else {
-      enqueue_forward_backward(model, state, workspace, ctx, nullptr);
-      // After the step: whatever it allocated (the first step's activations) is now part of
-      // the key, so the next step with this shape captures.
-      state.graph_policy.ran_eagerly(graph_key_of(model, state, workspace, ctx));
-      stats.graph_replayed = false;
-    }
+    stats.graph_replayed = enqueue_through_graph(model, state, workspace, ctx);
   } else {
     RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_start, stream));
     enqueue_forward_backward(model, state, workspace, ctx, bucketer);
