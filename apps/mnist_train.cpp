@@ -930,6 +930,8 @@ int run(Options o, MpiComm& comm) {
 #endif
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
+  Batch next_batch;               // device steps: the next step's batch, made meanwhile
+  bool next_batch_ready = false;  // next_batch holds the batch of the coming step
   Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
 #ifdef RINGTRAIN_HAVE_GPU
   // --data-on-gpu: the training set's bytes on the GPU, each batch gathered there.
@@ -964,7 +966,26 @@ int run(Options o, MpiComm& comm) {
     const int64_t epoch = step / steps_per_epoch;
     const auto indices =
         rank_batch(sampler.order(epoch), step % steps_per_epoch, o.batch_size, rank, ranks);
-    if (!device_train) make_batch(data.train, indices, batch.images, batch.labels);
+    if (device_train) {
+      // gathered on the GPU from `indices`
+    } else if (next_batch_ready) {  // made while the GPU ran the previous step
+      std::swap(batch, next_batch);
+      next_batch_ready = false;
+    } else {
+      make_batch(data.train, indices, batch.images, batch.labels);
+    }
+    // A device step with host batches makes the next batch while the GPU runs this one (the
+    // same batch as at the top of the next iteration: the order is a function of the epoch).
+    if (on_gpu && !device_train && step + 1 < total_steps) {
+      workspace.while_device_runs = [&, next = step + 1] {
+        const auto next_indices = rank_batch(sampler.order(next / steps_per_epoch),
+                                             next % steps_per_epoch, o.batch_size, rank, ranks);
+        make_batch(data.train, next_indices, next_batch.images, next_batch.labels);
+        next_batch_ready = true;
+      };
+    } else {
+      workspace.while_device_runs = nullptr;
+    }
     if (rank == o.test_nan_rank &&
         std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())
       batch.images.data()[0] = std::nanf("");

@@ -53,6 +53,10 @@ struct StepWorkspace {
   // as one captured CUDA graph instead of launching each kernel from the host (mnist_train
   // --cuda-graphs). See train_step_device.
   bool cuda_graph = false;
+  // Device steps: host work to do once the step is queued, before the host waits for it
+  // (mnist_train makes the next batch here, so the GPU does not wait for it). Run once per
+  // step, at the first wait.
+  std::function<void()> while_device_runs;
 };
 
 // With a bucketer, each layer's gradients are handed to it as backward finishes them and the

@@ -388,9 +388,14 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
   bool have_loss = false;
+  // Everything of the step up to the first wait is queued: the host's own work goes here.
+  const auto host_work = [&workspace] {
+    if (workspace.while_device_runs) workspace.while_device_runs();
+  };
   if (before_update) {
     RINGTRAIN_CHECK_CUDA(cudaMemsetAsync(state.nonfinite, 0, sizeof(unsigned long long), stream));
     gpu::count_nonfinite(grads.data(), grads.numel(), state.nonfinite, stream);
+    host_work();
     state.read_back(stream, /*with_nonfinite=*/true, ctx.board);
     have_loss = true;
     fill_loss(stats, *state.host_stats, rows);
@@ -405,6 +410,7 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
                  {grads.data(), static_cast<size_t>(grads.numel())}, lr);
   RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_end, stream));
   if (!have_loss) {
+    host_work();
     state.read_back(stream, /*with_nonfinite=*/false, ctx.board);
     fill_loss(stats, *state.host_stats, rows);
     if (bucketer != nullptr) stats.comm = bucketer->stats();

@@ -395,3 +395,21 @@ TEST_CASE("--data-on-gpu steps equal host-batch steps, eager and from graphs", "
   bad_labels.labels[3] = 10;
   CHECK_THROWS_WITH(upload_dataset(bad_labels, 10), Catch::Contains("label 10 of sample 3"));
 }
+
+TEST_CASE("a device step runs the host's work once, while it is queued", "[gpu][training]") {
+  Context& ctx = gpu_context().context();
+  auto model = make_model({.name = "mlp", .hidden = {64}, .device = Device::kCuda});
+  model->init_params(2);
+  auto opt = make_optimizer({.kind = "sgd"}, model->num_params(), ctx);
+  StepWorkspace ws;
+  int calls = 0;
+  ws.while_device_runs = [&calls] { ++calls; };
+  for (int step = 0; step < 3; ++step)
+    train_step_device(*model, *opt, synthetic_batch(8, static_cast<uint32_t>(step)), 0.01f, ws,
+                      ctx);
+  CHECK(calls == 3);
+  // With the --check-finite guard there are two waits; the work still runs once.
+  const BeforeUpdateFn guard = [](const StepStats&, std::span<const float>) { return true; };
+  train_step_device(*model, *opt, synthetic_batch(8, 9), 0.01f, ws, ctx, nullptr, guard);
+  CHECK(calls == 4);
+}
