@@ -930,8 +930,8 @@ int run(Options o, MpiComm& comm) {
 #endif
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
-  Batch next_batch;               // device steps: the next step's batch, made meanwhile
-  bool next_batch_ready = false;  // next_batch holds the batch of the coming step
+  Batch next_batch;              // device steps: the next step's batch, made meanwhile
+  int64_t next_batch_step = -1;  // the step whose batch next_batch holds (-1: none)
   Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
 #ifdef RINGTRAIN_HAVE_GPU
   // --data-on-gpu: the training set's bytes on the GPU, each batch gathered there.
@@ -946,6 +946,19 @@ int run(Options o, MpiComm& comm) {
 #endif
   StepWorkspace workspace;
   workspace.cuda_graph = o.cuda_graphs;
+  // A device step with host batches makes the next step's batch while the GPU runs the
+  // current one: the same batch the top of the next iteration would make (the order is a
+  // function of the epoch). Set once: nothing is allocated per step.
+  if (on_gpu && !device_train) {
+    workspace.while_device_runs = [&] {
+      const int64_t next = current_step + 1;
+      if (next >= total_steps) return;
+      const auto next_indices = rank_batch(sampler.order(next / steps_per_epoch),
+                                           next % steps_per_epoch, o.batch_size, rank, ranks);
+      make_batch(data.train, next_indices, next_batch.images, next_batch.labels);
+      next_batch_step = next;
+    };
+  }
   int64_t graph_steps = 0;  // --cuda-graphs: steps that replayed a captured graph
   ProgressBar progress(rank == 0 ? total_steps - std::min(start_step, total_steps) : 0);
   const bool show_progress = rank == 0 && progress.enabled();
@@ -968,23 +981,10 @@ int run(Options o, MpiComm& comm) {
         rank_batch(sampler.order(epoch), step % steps_per_epoch, o.batch_size, rank, ranks);
     if (device_train) {
       // gathered on the GPU from `indices`
-    } else if (next_batch_ready) {  // made while the GPU ran the previous step
+    } else if (next_batch_step == step) {  // made while the GPU ran the previous step
       std::swap(batch, next_batch);
-      next_batch_ready = false;
     } else {
       make_batch(data.train, indices, batch.images, batch.labels);
-    }
-    // A device step with host batches makes the next batch while the GPU runs this one (the
-    // same batch as at the top of the next iteration: the order is a function of the epoch).
-    if (on_gpu && !device_train && step + 1 < total_steps) {
-      workspace.while_device_runs = [&, next = step + 1] {
-        const auto next_indices = rank_batch(sampler.order(next / steps_per_epoch),
-                                             next % steps_per_epoch, o.batch_size, rank, ranks);
-        make_batch(data.train, next_indices, next_batch.images, next_batch.labels);
-        next_batch_ready = true;
-      };
-    } else {
-      workspace.while_device_runs = nullptr;
     }
     if (rank == o.test_nan_rank &&
         std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())

@@ -195,15 +195,23 @@ std::vector<float> Tensor::to_host() const {
   return host;
 }
 
-void copy_floats(float* dst, Device dst_device, const float* src, Device src_device, int64_t n) {
+namespace {
+// The part of every copy that needs no GPU: checks n, and copies nothing (n == 0) or host to
+// host (memcpy). Returns whether the copy is done.
+bool copied_without_device(float* dst, Device dst_device, const float* src, Device src_device,
+                           int64_t n) {
   RINGTRAIN_CHECK(n >= 0, "copy of {} floats", n);
-  if (n == 0) return;
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
+  if (n == 0) return true;
+  if (dst_device != Device::kCpu || src_device != Device::kCpu) return false;
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  return true;
+}
+}  // namespace
+
+void copy_floats(float* dst, Device dst_device, const float* src, Device src_device, int64_t n) {
+  if (copied_without_device(dst, dst_device, src, src_device, n)) return;
 #ifdef RINGTRAIN_HAVE_GPU
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   // cudaMemcpy runs on the legacy default stream, which does not order with the non-blocking
   // compute and communication streams; and from pageable memory it may return before its DMA
   // has landed. So: every queued kernel first (a read sees final values, a write cannot race
@@ -219,14 +227,9 @@ void copy_floats(float* dst, Device dst_device, const float* src, Device src_dev
 
 void copy_floats_async(float* dst, Device dst_device, const float* src, Device src_device,
                        int64_t n, void* stream) {
-  RINGTRAIN_CHECK(n >= 0, "copy of {} floats", n);
-  if (n == 0) return;
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
+  if (copied_without_device(dst, dst_device, src, src_device, n)) return;
 #ifdef RINGTRAIN_HAVE_GPU
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   RINGTRAIN_CHECK_CUDA(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 #else
