@@ -117,9 +117,16 @@ struct Plan {
   bool check = true;
 };
 
+// Each count has a range no real run reaches, so that nothing computed from it can overflow:
+// iterations and repeats up to a million (a row of a million calls already takes minutes); a
+// window below MPI's smallest tag bound (32768: the segments in flight need distinct tags) and
+// small enough that window x segment fits; a segment of at most 1 GiB, whose byte count fits
+// MPI's int. -b, -e and -f are checked by parse_size and make_plan.
+constexpr int kMaxIters = 1'000'000;
+constexpr int kMaxWindow = 1024;
+constexpr int kMaxSegmentKb = 1 << 20;
+
 void add_flags(CLI::App& app, Options& o) {
-  const CLI::Range kPositive(1, std::numeric_limits<int>::max());
-  const CLI::Range kNonNegative(0, std::numeric_limits<int>::max());
   app.add_option("-b,--minbytes", o.min_bytes,
                  "Smallest size in bytes; K, M, G suffixes are powers of 1024")
       ->capture_default_str();
@@ -129,13 +136,13 @@ void add_flags(CLI::App& app, Options& o) {
                  "Multiply the size by this from one row to the next (>= 2)")
       ->capture_default_str();
   app.add_option("-n,--iters", o.iters, "Timed allreduces per measurement")
-      ->check(kPositive)
+      ->check(CLI::Range(1, kMaxIters))
       ->capture_default_str();
   app.add_option("-w,--warmup_iters", o.warmup_iters, "Untimed allreduces per size and backend")
-      ->check(kNonNegative)
+      ->check(CLI::Range(0, kMaxIters))
       ->capture_default_str();
   app.add_option("-c,--check", o.check, "Check results against the closed form (0 or 1)")
-      ->check(CLI::IsMember({0, 1}))
+      ->check(CLI::Range(0, 1))
       ->capture_default_str();
   app.add_option("--op", o.op, "sum or avg")
       ->check(CLI::IsMember({"sum", "avg"}))
@@ -152,14 +159,14 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--segment-kb", o.segment_kb,
                  "Ring segment size in KiB (RingOptions::segment_elements)")
-      ->check(kPositive)
+      ->check(CLI::Range(1, kMaxSegmentKb))
       ->capture_default_str();
   app.add_option("--window", o.window, "Ring segments in flight each way (RingOptions::window)")
-      ->check(kPositive)
+      ->check(CLI::Range(1, kMaxWindow))
       ->capture_default_str();
   app.add_option("--repeats", o.repeats,
                  "Timed measurements per size; rows report the median and the min-max spread")
-      ->check(kPositive)
+      ->check(CLI::Range(1, kMaxIters))
       ->capture_default_str();
   app.add_option("--csv", o.csv, "Also write one row per size and backend, all columns, here");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
@@ -803,8 +810,9 @@ int bench_main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& error) {
-      if (comm.rank() == 0) return app.exit(error);
-      return error.get_exit_code();
+      // --help exits 0; every flag error exits 2, as make_plan's do (CLI11's own codes vary).
+      const int code = comm.rank() == 0 ? app.exit(error) : error.get_exit_code();
+      return code == 0 ? 0 : 2;
     }
     std::optional<Plan> plan;
     DeviceSetup device;

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -29,6 +31,7 @@
 #include "ringtrain/model.h"
 #include "ringtrain/mpi_comm.h"
 #include "ringtrain/optim.h"
+#include "ringtrain/preemption.h"
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
 #include "ringtrain/watchdog.h"
@@ -91,189 +94,6 @@ namespace {
 using namespace ringtrain;
 using namespace ringtrain::app;
 using Clock = std::chrono::steady_clock;
-
-// CLI11's PositiveNumber lets "inf" through, and its messages for combined checks print
-// DBL_MAX in full: one check, one plain message.
-CLI::Validator finite_number(bool allow_zero) {
-  return CLI::Validator(
-      [allow_zero](const std::string& text) -> std::string {
-        char* end = nullptr;
-        const double value = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0' || !std::isfinite(value))
-          return "must be a finite number, got '" + text + "'";
-        if (value < 0 || (value == 0 && !allow_zero))
-          return std::string("must be ") + (allow_zero ? ">= 0" : "> 0") + ", got " + text;
-        return {};
-      },
-      allow_zero ? "FINITE>=0" : "FINITE>0");
-}
-const CLI::Validator kPositiveFinite = finite_number(false);
-const CLI::Validator kNonNegativeFinite = finite_number(true);
-
-void add_flags(CLI::App& app, Options& o) {
-  app.add_option("--data-dir", o.data_dir,
-                 "Folder with the four MNIST-format IDX files (.gz or plain). Default: "
-                 "$RINGTRAIN_DATA, else data/mnist, else Debian's Fashion-MNIST");
-  app.add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--hidden", o.hidden, "MLP hidden widths, e.g. 4096,4096 (default 500,500)")
-      ->delimiter(',');
-  auto* epochs = app.add_option("--epochs", o.epochs, "Passes over the training set")
-                     ->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "Train for exactly this many steps instead of --epochs")
-      ->check(CLI::PositiveNumber)
-      ->excludes(epochs);
-  app.add_option("--batch-size", o.batch_size, "Samples per step")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.schedule.base_lr, "Base learning rate")->check(kPositiveFinite);
-  app.add_option("--optimizer", o.optimizer.kind, "sgd or adam");
-  app.add_option("--momentum", o.optimizer.momentum, "SGD momentum (PyTorch form)");
-  app.add_flag("--nesterov", o.optimizer.nesterov, "Nesterov momentum for SGD");
-  app.add_option("--weight-decay", o.optimizer.weight_decay, "L2 penalty added to the gradient");
-  app.add_option("--adam-beta1", o.optimizer.beta1, "Adam beta1");
-  app.add_option("--adam-beta2", o.optimizer.beta2, "Adam beta2");
-  app.add_option("--adam-epsilon", o.optimizer.epsilon, "Adam epsilon");
-  app.add_option("--lr-schedule", o.schedule.kind, "constant, exponential or linear-warmup");
-  app.add_option("--lr-decay-rate", o.schedule.decay_rate, "exponential: factor per decay period");
-  app.add_option("--lr-decay-steps", o.schedule.decay_steps,
-                 "exponential: steps per decay period (default 60000/128)");
-  app.add_flag("--lr-staircase", o.schedule.staircase, "exponential: decay in whole periods");
-  auto* warmup_steps = app.add_option("--warmup-steps", o.schedule.warmup_steps,
-                                      "linear-warmup: steps to reach the scaled rate");
-  app.add_option("--warmup-epochs", o.warmup_epochs, "linear-warmup: the same, in epochs")
-      ->excludes(warmup_steps);
-  app.add_option("--reference-batch", o.schedule.reference_batch,
-                 "linear-warmup: the batch the base rate was tuned for (default: this run's)");
-  app.add_option("--ema-decay", o.ema_decay,
-                 "Keep an exponential moving average of the weights and evaluate with it "
-                 "(e.g. 0.99); 0 disables");
-  app.add_option("--seed", o.seed, "Seed for initial weights and data order");
-  app.add_option("--threads", o.threads, "CPU math threads")->check(CLI::PositiveNumber);
-  app.add_option("--device", o.device,
-                 "Where to train: cuda (the GPU given by this rank's local rank), cpu, or auto "
-                 "(cuda when this build has the GPU path and a GPU is visible, else cpu)")
-      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
-  app.add_flag("--cuda-graphs", o.cuda_graphs,
-               "GPU, one rank: capture the step's upload, forward, loss and backward once as a "
-               "CUDA graph and replay it (one launch per step instead of one per kernel; same "
-               "results, bit for bit)");
-  app.add_option("--conv-impl", o.conv_impl,
-                 "GPU Conv2D and MaxPool2D: direct (our kernels, the CPU's summation order and "
-                 "pooling tie rule) or cudnn")
-      ->check(CLI::IsMember({"direct", "cudnn"}));
-  app.add_flag("--data-on-gpu", o.data_on_gpu,
-               "GPU: copy the training set to the GPU once and gather each batch there (no "
-               "image upload per step; the same batches, bit for bit)");
-  app.add_option("--log-every", o.log_every, "Steps between progress lines (0: none)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--eval-every", o.eval_every,
-                 "Steps between test evaluations (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--eval-batch", o.eval_batch, "Batch size for evaluation")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--metrics-out", o.metrics_out, "Write JSON lines (train, eval, summary) here");
-  app.add_option("--save-params", o.save_params,
-                 "Write the final flat parameter buffer here (RTPARAMS format)");
-  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error");
-  app.add_option("--allreduce", o.allreduce,
-                 "Gradient averaging: ring (ours) or mpi (MPI_Allreduce)")
-      ->check(CLI::IsMember({"ring", "mpi"}));
-  auto* overlap = app.add_option(
-      "--overlap", o.overlap,
-      "Average gradients while backward runs: on, off, or auto (on unless this node's ranks "
-      "x --threads already fill its cores, where the communication thread can only take "
-      "cycles from backward)");
-  overlap->check(CLI::IsMember({"auto", "on", "off"}));
-  app.add_flag("--no-overlap", o.no_overlap,
-               "Average all gradients after backward (the baseline): --overlap off")
-      ->excludes(overlap);
-  app.add_option("--fusion-threshold-mb", o.fusion_threshold_mb,
-                 "Gradient bucket size in MB (0: one bucket for everything)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--first-bucket-mb", o.first_bucket_mb,
-                 "Size of the first (last layers') bucket in MB: small, so communication starts "
-                 "early")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--lr-scaling", o.lr_scaling,
-                 "linear: the rate ramps from --lr to --lr x ranks over --warmup-epochs or "
-                 "--warmup-steps (Goyal et al.)")
-      ->check(CLI::IsMember({"none", "linear"}));
-  app.add_option("--check-replicas", o.check_replicas,
-                 "Every K steps (and at the end), check that all ranks hold identical "
-                 "parameters (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--strategy", o.strategy,
-                 "ring: every rank a replica, gradients averaged by the ring (default); ps: the "
-                 "first --num-ps ranks are parameter servers, the rest workers; local-sgd: every "
-                 "rank steps alone and the parameters are averaged every --average-every steps")
-      ->check(CLI::IsMember({"ring", "ps", "local-sgd"}));
-  app.add_option("--num-ps", o.num_ps, "--strategy ps: how many of the ranks are servers")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--ps-mode", o.ps_mode,
-                 "--strategy ps: sync (each update averages the first "
-                 "--replicas-to-aggregate gradients of the step) or async (each gradient is "
-                 "applied on arrival, at most --max-staleness updates old)")
-      ->check(CLI::IsMember({"sync", "async"}));
-  app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
-                 "--ps-mode sync: gradients per update (default: every worker; fewer leaves "
-                 "backup workers, whose late gradients are dropped)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--max-staleness", o.max_staleness,
-                 "--ps-mode async: the most updates a gradient's parameters may be behind the "
-                 "server's; an older one is sent back and recomputed (default: 2 x workers)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--average-every", o.average_every,
-                 "--strategy local-sgd: steps between parameter averages (1: every step)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "Write checkpoints here (the chief, rank 0, writes) and resume from them");
-  app.add_option("--checkpoint-every", o.checkpoint_every,
-                 "Steps between checkpoints (0: none by count); a last one is written at the end")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--checkpoint-secs", o.checkpoint_secs,
-                 "Seconds between checkpoints (0: none by time)")
-      ->check(kNonNegativeFinite);
-  app.add_option("--keep-checkpoints", o.keep_checkpoints, "How many checkpoints to keep")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--resume", o.resume,
-                 "auto: continue from the newest valid checkpoint in --checkpoint-dir if there "
-                 "is one; never: refuse a directory that has checkpoints; or a checkpoint file");
-  app.add_option("--collective-timeout", o.collective_timeout,
-                 "Seconds a collective may go without progress before the watchdog ends the job "
-                 "and reports every rank's state")
-      ->check(kPositiveFinite);
-  app.add_flag("--check-finite", o.check_finite,
-               "Skip the update of a step whose loss or averaged gradients hold NaN or Inf on "
-               "any rank (decided identically on all ranks)");
-  app.add_option("--max-bad-steps", o.max_bad_steps,
-                 "--check-finite: stop the job after this many consecutive skipped steps")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--test-comm-delay-ms", o.test_comm_delay_ms,
-                 "Testing only: sleep this long before each bucket's reduction")
-      ->group("")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--test-perturb-rank", o.test_perturb_rank,
-                 "Testing only: after the first step, nudge one parameter on this rank so that "
-                 "the replica check must catch it")
-      ->group("");
-  app.add_option("--test-fail-rank", o.test_fail_rank, "Testing only: this rank throws...")
-      ->group("");
-  app.add_option("--test-fail-at-step", o.test_fail_at_step, "...when it starts this step")
-      ->group("");
-  app.add_option("--test-stall-rank", o.test_stall_rank, "Testing only: this rank sleeps...")
-      ->group("");
-  app.add_option("--test-stall-at-step", o.test_stall_at_step, "...when it starts this step...")
-      ->group("");
-  app.add_option("--test-stall-seconds", o.test_stall_seconds, "...for this long")->group("");
-  app.add_option("--test-slow-rank", o.test_slow_rank,
-                 "Testing only: this rank sleeps --test-slow-ms before every step")
-      ->group("");
-  app.add_option("--test-slow-ms", o.test_slow_ms, "...this long")->group("");
-  app.add_option("--test-nan-rank", o.test_nan_rank,
-                 "Testing only: this rank puts a NaN into its batch...")
-      ->group("");
-  app.add_option("--test-nan-steps", o.test_nan_steps, "...at these steps")
-      ->delimiter(',')
-      ->group("");
-}
 
 // Evaluates the test set, split over the ranks, with the EMA weights when there are any
 // (restoring the trained ones after).
@@ -367,18 +187,23 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
       if (!o.checkpoint_dir.empty()) {
         dir.emplace(o.checkpoint_dir, o.keep_checkpoints);
         dir->ensure_writable();
+        // A chief that died mid-write left its temporary; nobody else writes here now.
+        for (const std::string& stale : dir->remove_stale_temporaries())
+          spdlog::info("removed {}, the temporary of an interrupted checkpoint write", stale);
       }
       if (o.resume != "auto" && o.resume != "never") {
         payload = read_file_bytes(o.resume);
         const Checkpoint checked = decode_checkpoint(payload, o.resume);
-        // Newer files of another run in the directory would outrank this run's new ones in
-        // the --keep-checkpoints rotation, which would then delete them.
-        const std::vector<std::string> present = dir ? dir->list() : std::vector<std::string>{};
-        if (!present.empty() && present.front() > dir->path_for(checked.step)) {
+        // Later files of another run in the directory would carry the names of this run's
+        // next checkpoints (a name must mean one state) and outrank them in the rotation.
+        const std::vector<std::string> later =
+            dir ? dir->later_than(checked.step) : std::vector<std::string>{};
+        if (!later.empty()) {
           throw Error(fmt::format("--resume {} is at step {}, but --checkpoint-dir {} already "
-                                  "holds a later checkpoint ({}): the rotation would delete this "
-                                  "run's new checkpoints; use an empty --checkpoint-dir",
-                                  o.resume, checked.step, o.checkpoint_dir, present.front()),
+                                  "holds a later checkpoint ({}), of another run: this run would "
+                                  "write other states under its names; use an empty "
+                                  "--checkpoint-dir, or --resume auto to continue that run",
+                                  o.resume, checked.step, o.checkpoint_dir, later.front()),
                       ExitCode::kBadInput);
         }
         spdlog::info("resuming from {} (--resume): step {}", o.resume, checked.step);
@@ -393,14 +218,23 @@ std::optional<Checkpoint> resolve_checkpoint(Comm& comm, const Options& o) {
                                   o.checkpoint_dir, newest->path),
                       ExitCode::kBadInput);
         }
-        if (newest) {
-          spdlog::info("resuming from {}: step {}", newest->path, newest->checkpoint.step);
-          payload = std::move(newest->bytes);
-        } else if (!skipped.empty()) {
+        if (!newest && !skipped.empty()) {
           throw Error(fmt::format("--checkpoint-dir {}: none of its {} checkpoint(s) is valid "
                                   "(see the warnings above); move them away to start afresh",
                                   o.checkpoint_dir, skipped.size()),
                       ExitCode::kBadInput);
+        }
+        // Whatever carries a later step's name now is not a valid checkpoint (the newest valid
+        // one was chosen): keep its bytes, but free the names this run is about to write.
+        for (const std::string& path : dir->later_than(newest ? newest->checkpoint.step : 0)) {
+          spdlog::warn(
+              "{} is not a valid checkpoint and this run will write that step again: "
+              "set aside as {}",
+              path, dir->set_aside(path));
+        }
+        if (newest) {
+          spdlog::info("resuming from {}: step {}", newest->path, newest->checkpoint.step);
+          payload = std::move(newest->bytes);
         }
       }
       status = static_cast<int64_t>(payload.size());
@@ -502,10 +336,16 @@ int run(Options o, MpiComm& comm) {
   if (rank != chief && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);
   check_strategy_flags(o, ranks);
-  // The transport's own deadline is a backstop behind the watchdog, which reports more.
-  comm.set_timeout(o.collective_timeout + 30.0);
-  std::optional<CollectiveWatchdog> watchdog;
-  if (ranks > 1) watchdog.emplace(comm, o.collective_timeout);
+  // The ring's and local SGD's loops stop at an agreed step on a preemption signal; the
+  // parameter-server loop does not (yet): there the signals keep their default action.
+  if (o.strategy != "ps") {
+    install_preemption_handlers();
+  } else if (rank == chief) {
+    spdlog::info(
+        "--strategy ps: SIGTERM and SIGUSR1 end the job without a last checkpoint "
+        "(resume from the last periodic one)");
+  }
+  // The watchdog and the transport's backstop deadline were set up by main(), with comm.
   set_cpu_threads(o.threads);
   Context ctx;
   // --device: this rank's GPU is given by its local rank. The GpuContext (streams, cuBLAS and
@@ -525,6 +365,7 @@ int run(Options o, MpiComm& comm) {
   spdlog::info("device: cpu ({})", device.why);
 #endif
   ctx.threads = o.threads;
+  ctx.board = &comm.board();  // every layer's forward and backward is progress for the watchdog
   if (o.cuda_graphs) {
     // Said before anything is built: both are decided by flags and the machine alone.
     if (ranks > 1)
@@ -553,12 +394,16 @@ int run(Options o, MpiComm& comm) {
                   ExitCode::kUsage, /*on_every_rank=*/true);
   }
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
+                                    std::pair{"--test-preempt-rank", o.test_preempt_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
                                     std::pair{"--test-nan-rank", o.test_nan_rank},
                                     std::pair{"--test-perturb-rank", o.test_perturb_rank},
                                     std::pair{"--test-slow-rank", o.test_slow_rank}}) {
-    RINGTRAIN_CHECK(value < ranks, "{} {} names a rank outside the {} ranks of this job", flag,
-                    value, ranks);
+    if (value >= ranks)
+      throw Error(fmt::format("{} {} names a rank outside the {} rank(s) of this job: it must be "
+                              "in [-1, {}]",
+                              flag, value, ranks, ranks - 1),
+                  ExitCode::kUsage, /*on_every_rank=*/true);
   }
 
   const std::string data_dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
@@ -622,13 +467,11 @@ int run(Options o, MpiComm& comm) {
     o.batch_size = global / data_ranks;
   }
 
+  // --batch-size, --epochs and --warmup-epochs against this job (exit 2): nothing below
+  // overflows, and an epoch has at least one step.
+  check_derived_ranges(o, data_ranks, data.train.count);
   const int64_t global_batch = o.batch_size * data_ranks;
   const int64_t steps_per_epoch = data.train.count / global_batch;
-  if (steps_per_epoch < 1)
-    refuse(
-        fmt::format("the global batch ({} ranks x --batch-size {}) is larger than the {} "
-                    "training images: use fewer ranks or a smaller --batch-size",
-                    data_ranks, o.batch_size, data.train.count));
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * steps_per_epoch;
 
   LrSchedule schedule = o.schedule;
@@ -835,7 +678,11 @@ int run(Options o, MpiComm& comm) {
   }
 
   std::optional<CheckpointDir> checkpoints;
-  if (!o.checkpoint_dir.empty()) checkpoints.emplace(o.checkpoint_dir, o.keep_checkpoints);
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(o.checkpoint_dir, o.keep_checkpoints);
+    // A long write is progress: the others wait for the chief in their next collective.
+    checkpoints->set_progress([&comm] { comm.board().progress(); });
+  }
   auto last_checkpoint_time = Clock::now();
   int64_t last_checkpoint_step = start_step;
   // The chief writes its replica: every replica holds the same bits.
@@ -861,7 +708,24 @@ int run(Options o, MpiComm& comm) {
       c.ema_updates = ema->updates();
       c.ema_shadow = ema->shadow_to_host();
     }
-    const std::string path = checkpoints->save(c);
+    if (done == o.test_kill_in_checkpoint_step) {  // the crash-consistency test's kill
+      checkpoints->set_fault_hook([&o](const char* point) {
+        if (o.test_kill_in_checkpoint == point) std::raise(SIGKILL);
+      });
+    }
+    std::string path;
+    try {
+      path = checkpoints->save(c);
+    } catch (const Error& error) {
+      if (error.code() != ExitCode::kNonFinite) throw;
+      // Without --check-finite a NaN that appeared on another rank's batch reaches every
+      // replica in the averaged gradients before that rank's own check ends the job.
+      throw Error(fmt::format("the checkpoint of step {} was not written: {}; the checkpoints "
+                              "already in {} are intact. Lower --lr, check the data, or pass "
+                              "--check-finite",
+                              done, error.what(), o.checkpoint_dir),
+                  ExitCode::kNonFinite);
+    }
     spdlog::info("checkpoint: step {} written to {} in {:.0f} ms", done, path,
                  std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     metrics.write("checkpoint", {{"step", done}, {"path", path}});
@@ -928,6 +792,11 @@ int run(Options o, MpiComm& comm) {
     }
   } abort_nccl_on_error{nccl};
 #endif
+  // Preemption: a stop requested by a signal on any rank is agreed on at a step boundary, the
+  // same on every rank (preemption.h).
+  StopAgreement stop_agreement(comm);
+  int stop_signal = 0;        // agreed by every rank: a stop at the next step boundary
+  int64_t preempted_at = -1;  // the step after which a requested stop ended the loop
   EpochSampler sampler(data.train.count, o.seed);
   Batch batch, eval_scratch;
   Batch next_batch;              // device steps: the next step's batch, made meanwhile
@@ -975,6 +844,8 @@ int run(Options o, MpiComm& comm) {
     comm.board().set_step(step);
     current_step = step;
     inject_test_failures(o, rank, step);
+    if (rank == o.test_preempt_rank && step == o.test_preempt_at_step) request_preemption(SIGTERM);
+    stop_agreement.start(preemption_signal());
     const auto start = Clock::now();
     const int64_t epoch = step / steps_per_epoch;
     const auto indices =
@@ -1005,6 +876,11 @@ int run(Options o, MpiComm& comm) {
     // local-sgd: every --average-every steps (and at the end) the ranks average their
     // parameters and optimizer state with the ring, so that they leave identical, and so that
     // a checkpoint of the chief's replica is the whole state.
+    // Every rank learns here whether any rank asked to stop, so all stop after the same step:
+    // this one, or under local-sgd the next parameter average (a step where the replicas, and
+    // so the checkpoint, are the job's whole state: an extra average would change the result).
+    if (const int agreed = stop_agreement.finish(); agreed != 0 && stop_signal == 0)
+      stop_signal = agreed;
     const bool averaged =
         local_sgd && ranks > 1 && ((step + 1) % o.average_every == 0 || step + 1 == total_steps);
     if (averaged) {
@@ -1055,6 +931,7 @@ int run(Options o, MpiComm& comm) {
     }
     // Between averages local-sgd replicas differ by design: they are checked after an average.
     const bool replicas_equal = !local_sgd || averaged || ranks == 1;
+    const bool stopping = stop_signal != 0 && replicas_equal && done < total_steps;
     if (o.check_replicas > 0 && done % o.check_replicas == 0 && replicas_equal)
       check_replicas(comm, *model, done);
     if (show_progress) {
@@ -1101,13 +978,37 @@ int run(Options o, MpiComm& comm) {
     // whole state only then.
     const bool due = by_count || by_time || pending_checkpoint;
     pending_checkpoint = due && !replicas_equal;
-    if (checkpoints && due && replicas_equal && done != total_steps) {
+    // The state a preemption leaves is checked first: the next run starts from it.
+    if (stopping) check_replicas(comm, *model, done);
+    if (checkpoints && ((due && replicas_equal) || stopping) && done != total_steps) {
       write_checkpoint(done);
       last_checkpoint_time = Clock::now();
       last_checkpoint_step = done;
     }
+    if (stopping) {
+      preempted_at = done;
+      break;
+    }
   }
   if (show_progress) progress.finish();
+  if (preempted_at >= 0) {
+    const std::string saved =
+        checkpoints ? fmt::format(
+                          "the checkpoint of step {} is in {}; the same command resumes "
+                          "from it (--resume auto)",
+                          preempted_at, o.checkpoint_dir)
+                    : std::string("nothing was saved (no --checkpoint-dir): a rerun starts over");
+    if (rank == 0)
+      spdlog::warn(
+          "preempted: signal {} ({}) asked the job to stop; every rank stopped after step "
+          "{} of {}; {} (exit code {})",
+          stop_signal, strsignal(stop_signal), preempted_at, total_steps, saved,
+          static_cast<int>(ExitCode::kPreempted));
+    metrics.write("preempted", {{"step", preempted_at},
+                                {"signal", int64_t{stop_signal}},
+                                {"checkpoint", checkpoints.has_value()}});
+    return static_cast<int>(ExitCode::kPreempted);
+  }
   comm.board().set_step(total_steps);
   check_replicas(comm, *model, total_steps);  // always once: replicas must end identical
   if (checkpoints && last_checkpoint_step != total_steps) write_checkpoint(total_steps);
@@ -1181,7 +1082,7 @@ int run(Options o, MpiComm& comm) {
                             {"peak_rss_mb", peak_rss_mb()},
                             {"data_dir", data_dir}});
   if (!o.save_params.empty() && rank == 0) {
-    save_params(o.save_params, model->params_to_host());
+    save_params(o.save_params, model->params_to_host(), [&comm] { comm.board().progress(); });
     spdlog::info("saved {} parameters to {}", model->num_params(), o.save_params);
   }
   return 0;
@@ -1209,10 +1110,32 @@ int main(int argc, char** argv) {
   MpiSession session(&argc, &argv);
   int rank = 0, ranks = 1;
   try {
-    MpiComm comm;
-    rank = comm.rank();
-    ranks = comm.size();
-    return run(options, comm);
+    // Known before the first collective, so that a failure in it still ends the whole job.
+    RINGTRAIN_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    RINGTRAIN_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &ranks));
+    // The transport's own deadline is a backstop behind the watchdog, which reports more.
+    MpiComm comm(options.collective_timeout + 30.0);
+    comm.set_piece_delay_for_tests(options.test_slow_transport_ms);
+    // Watched from here to the final barrier: set-up, training and the chief's last writes.
+    std::optional<CollectiveWatchdog> watchdog;
+    if (ranks > 1) watchdog.emplace(comm, options.collective_timeout);
+    const auto stall_for_test = [&](bool when, const char* where) {
+      if (!when || rank != options.test_stall_rank) return;
+      spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s {}", rank,
+                   options.test_stall_seconds, where);
+      std::this_thread::sleep_for(std::chrono::duration<double>(options.test_stall_seconds));
+    };
+    stall_for_test(options.test_stall_at_setup, "in set-up");
+    const int code = run(options, comm);
+    stall_for_test(options.test_stall_after_end, "after its last writes");
+    if (watchdog) {
+      // Every rank leaves together, after the chief's last writes, so that a rank that stalls
+      // before here is ended by the watchdog instead of leaving the others blocked in
+      // MPI_Finalize, where nothing watches them.
+      const PhaseScope phase(comm.board(), "final barrier");
+      comm.barrier();
+    }
+    return code;
   } catch (const Error& error) {
     const int code = static_cast<int>(error.code());
     // An error every rank raised together is told once and ends each rank normally.

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "ringtrain/checkpoint.h"
 #include "ringtrain/data.h"
 #include "ringtrain/model.h"
@@ -64,6 +66,10 @@ struct Options {
   bool batch_size_given = false;         // set from the command line: --batch-size was passed
   std::vector<std::string> flags_given;  // the strategies' flags that were passed
   // Testing only.
+  std::string test_kill_in_checkpoint;  // the chief kills itself at this point of the write...
+  int64_t test_kill_in_checkpoint_step = -1;  // ...of the checkpoint of this step
+  int test_preempt_rank = -1;                 // this rank behaves as if SIGTERM arrived...
+  int64_t test_preempt_at_step = -1;          // ...when it starts this step
   double test_comm_delay_ms = 0.0;
   int test_perturb_rank = -1;
   int test_fail_rank = -1;
@@ -75,7 +81,20 @@ struct Options {
   std::vector<int64_t> test_nan_steps;
   int test_slow_rank = -1;
   double test_slow_ms = 0.0;
+  bool test_stall_at_setup = false;     // --test-stall-rank stalls before the configuration check
+  bool test_stall_after_end = false;    // ...or after its last writes, before the final barrier
+  double test_slow_transport_ms = 0.0;  // every piece of a broadcast / MPI_Allreduce waits this
+  double test_long_compute_ms = 0.0;    // --strategy ps: each worker step computes this long
 };
+
+// Registers every flag of mnist_train on `app`, writing into `o` (flags.cpp).
+void add_flags(CLI::App& app, Options& o);
+// The flags' ranges that depend on this job (flags.cpp), checked where run() derives the
+// global batch and the step counts: --batch-size x data_ranks at most train_images, --epochs
+// and --warmup-epochs x steps per epoch within the step limit. data_ranks: the ranks that share
+// the global batch (the workers under --strategy ps). Every rank throws the same Error, exit 2,
+// naming the flag and its allowed range for this job.
+void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images);
 
 // What run() has settled before it hands over to a strategy with its own loop.
 struct StrategySetup {

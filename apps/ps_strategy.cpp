@@ -145,6 +145,9 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     const float lr = learning_rate(setup.schedule, job_step);
     auto start = Clock::now();
     const StepStats stats = compute_gradients(model, batch, workspace, ctx);
+    // --test-long-compute-ms: a compute step longer than the servers' wait may last, but
+    // moving: more forward passes (each layer is progress) until that long has passed.
+    while (ms_since(start) < o.test_long_compute_ms) model.forward(batch.images, ctx);
     report.compute_ms += ms_since(start);
     if (!std::isfinite(stats.loss))
       throw Error(fmt::format("worker {} (rank {}): the loss became {} at step {}: lower --lr "
@@ -448,7 +451,9 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
     if (job.rank() == 0) model.init_params(o.seed);  // the chief initialises
     broadcast_params(job, model, 0);
   }
-  // The workers' own communicator: the final replica check and the evaluation.
+  // The workers' own communicator: the final replica check and the evaluation. Its split and
+  // the channel's duplicate are watched like any collective (mpi_comm.h).
+  world.board().set_phase("parameter-server set-up");
   MpiComm workers_comm(job, is_server ? 1 : 0, job.rank());
   workers_comm.post_on_board_of(world);
   PsChannel channel(job, o.collective_timeout + 30.0);
@@ -486,7 +491,7 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   if (job.rank() == 0) {
     report_job(o, setup, plan, reports, result);
     if (!o.save_params.empty()) {
-      save_params(o.save_params, model.params_to_host());
+      save_params(o.save_params, model.params_to_host(), [&world] { world.board().progress(); });
       spdlog::info("saved {} parameters to {}", model.num_params(), o.save_params);
     }
   }

@@ -1,15 +1,29 @@
-// Checkpoint encoding, verification and the checkpoint directory (see checkpoint.h).
+// Checkpoint encoding and verification, and the checkpoint directory (see checkpoint.h).
+//
+// Every file this code creates starts life under a fresh name, "<dir>/.<final name>.tmp-XXXXXX",
+// opened with O_CREAT | O_EXCL | O_NOFOLLOW, so a file or link planted in the directory is
+// never opened for writing. The temporary is written in chunks, fsync()ed, then given its
+// final name: a checkpoint with renameat2(RENAME_NOREPLACE) (link + unlink where the
+// filesystem refuses that flag), so an existing checkpoint is never replaced; any other file
+// (write_file_atomically) with rename(), which replaces a link itself. Readers of the directory
+// look with lstat and open with O_NOFOLLOW: only regular files named for a step are
+// checkpoints. Rotation re-reads the older checkpoints to verify them (a few MB each), so
+// that only valid ones count toward `keep` and only valid ones are ever deleted.
 #include "ringtrain/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
@@ -28,6 +42,12 @@ constexpr size_t kHeaderBytes = 24;  // magic, version, reserved, payload length
 constexpr size_t kTrailerBytes = 8;  // checksum
 constexpr const char* kPrefix = "ckpt-";
 constexpr const char* kSuffix = ".rtckpt";
+constexpr const char* kProbeName = "ringtrain-write-probe";
+constexpr const char* kTemporaryMarker = ".tmp-";  // ".<name>.tmp-XXXXXX"
+constexpr size_t kTemporaryRandom = 6;
+constexpr const char kTemporaryAlphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+constexpr size_t kChunkBytes = size_t{16} << 20;  // progress is reported after each chunk
 
 [[noreturn]] void bad_file(const std::string& source, const std::string& why) {
   throw Error(fmt::format("checkpoint {}: {}", source, why), ExitCode::kBadInput);
@@ -101,7 +121,8 @@ class Reader {
   size_t offset_ = 0;
 };
 
-// The step in "ckpt-0000000042.rtckpt", or -1 for any other name.
+// The step in "ckpt-0000000042.rtckpt" (exactly the name path_for gives it), or -1 for any
+// other name: "ckpt-42.rtckpt" would be a second name for the same step.
 int64_t step_of(const std::string& name) {
   const std::string prefix = kPrefix, suffix = kSuffix;
   if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) ||
@@ -111,19 +132,244 @@ int64_t step_of(const std::string& name) {
   const char* end = name.data() + name.size() - suffix.size();
   int64_t step = -1;
   const auto [ptr, error] = std::from_chars(begin, end, step);
-  return error == std::errc() && ptr == end ? step : -1;
+  if (error != std::errc() || ptr != end || step < 0) return -1;
+  return fmt::format("{:010d}", step) == std::string_view(begin, end) ? step : -1;
 }
 
-void fsync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return;  // best effort for directories on filesystems that refuse O_RDONLY dirs
+// ".ckpt-0000000042.rtckpt.tmp-Ab3xQ9" or ".ringtrain-write-probe.tmp-Ab3xQ9": what this code
+// names its temporaries in a checkpoint directory.
+bool is_own_temporary(const std::string& name) {
+  const size_t tail = std::strlen(kTemporaryMarker) + kTemporaryRandom;
+  if (name.size() <= 1 + tail || name[0] != '.') return false;
+  const std::string_view marker(name.data() + name.size() - tail, std::strlen(kTemporaryMarker));
+  if (marker != kTemporaryMarker) return false;
+  for (size_t i = name.size() - kTemporaryRandom; i < name.size(); ++i) {
+    if (std::strchr(kTemporaryAlphabet, name[i]) == nullptr || name[i] == '\0') return false;
+  }
+  const std::string final_name = name.substr(1, name.size() - 1 - tail);
+  return final_name == kProbeName || step_of(final_name) >= 0;
+}
+
+std::string parent_of(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+// "<dir>/.<name>.tmp-XXXXXX" with six random letters or digits.
+std::string temporary_name(const std::string& final_path) {
+  const fs::path path(final_path);
+  std::random_device random;
+  std::uniform_int_distribution<size_t> pick(0, sizeof(kTemporaryAlphabet) - 2);
+  std::string name = fmt::format(".{}{}", path.filename().string(), kTemporaryMarker);
+  for (size_t i = 0; i < kTemporaryRandom; ++i) name += kTemporaryAlphabet[pick(random)];
+  return (fs::path(parent_of(final_path)) / name).string();
+}
+
+// A temporary created for final_path: closed, and unlinked unless release()d, on every way
+// out, an exception from a hook included.
+class Temporary {
+ public:
+  // Creates a fresh one, never opening an existing name; false (errno set) when it cannot.
+  bool create(const std::string& final_path) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      path_ = temporary_name(final_path);
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd_ >= 0) return true;
+      if (errno != EEXIST) break;
+    }
+    path_.clear();
+    return false;
+  }
+  Temporary() = default;
+  Temporary(const Temporary&) = delete;
+  Temporary& operator=(const Temporary&) = delete;
+  ~Temporary() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  // Writes all of bytes (at most kChunkBytes per write call); with `chunk_done`, each chunk is
+  // also pushed to the disk before chunk_done is called, so that the progress it reports is the
+  // disk's, not the page cache's (the final fsync then has little left). 0 or errno.
+  int write(std::span<const uint8_t> bytes, const std::function<void()>& chunk_done) {
+    size_t written = 0;
+    while (written < bytes.size()) {
+      const size_t chunk_start = written;
+      const size_t chunk_end = std::min(bytes.size(), written + kChunkBytes);
+      while (written < chunk_end) {
+        const ssize_t n = ::write(fd_, bytes.data() + written, chunk_end - written);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno;
+        written += static_cast<size_t>(n);
+      }
+      if (chunk_done) {
+        // Best effort: a filesystem without it leaves the work to fsync().
+        ::sync_file_range(
+            fd_, static_cast<off64_t>(written_before_ + chunk_start),
+            static_cast<off64_t>(chunk_end - chunk_start),
+            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        chunk_done();
+      }
+    }
+    written_before_ += bytes.size();
+    return 0;
+  }
+  // fsync() and close; 0 or errno.
+  int sync_and_close() {
+    int error = ::fsync(fd_) == 0 ? 0 : errno;
+    if (::close(fd_) != 0 && error == 0) error = errno;
+    fd_ = -1;
+    return error;
+  }
+  void release() { path_.clear(); }  // it has been renamed: nothing to unlink
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  size_t written_before_ = 0;  // the file offset where the next write() call starts
+};
+
+[[noreturn]] void fail_write(const std::string& tmp, const std::string& path, int error) {
+  RINGTRAIN_FAIL("writing {} failed: {} (disk full?); {} is unchanged", tmp, std::strerror(error),
+                 path);
+}
+
+enum class Placement { kPlaced, kTaken };
+
+// Gives `from` the name `to` unless `to` exists (as anything): never replaces it.
+Placement place_without_replacing(const std::string& from, const std::string& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0)
+    return Placement::kPlaced;
+  int error = errno;
+  if (error == EEXIST) return Placement::kTaken;
+  if (error == EINVAL || error == ENOSYS) {
+    // The filesystem refuses the flag (NFS, some FUSE): link() refuses an existing name too.
+    if (::link(from.c_str(), to.c_str()) == 0) {
+      ::unlink(from.c_str());
+      return Placement::kPlaced;
+    }
+    error = errno;
+    if (error == EEXIST) return Placement::kTaken;
+  }
+  RINGTRAIN_FAIL(
+      "cannot rename {} to {} without replacing an existing file (renameat2 "
+      "RENAME_NOREPLACE, or link): {}",
+      from, to, std::strerror(error));
+}
+
+void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort for filesystems that refuse to open directories
   ::fsync(fd);
   ::close(fd);
+}
+
+// A whole regular file; follow_links false: a symbolic link is an error, never read through.
+std::vector<uint8_t> read_regular_file(const std::string& path, uint64_t max_bytes,
+                                       bool follow_links) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW);
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) {
+    const int error = errno;
+    struct stat entry {};
+    if (!follow_links && error == ELOOP && ::lstat(path.c_str(), &entry) == 0 &&
+        S_ISLNK(entry.st_mode))
+      bad_file(path, "is a symbolic link; it is not followed");
+    bad_file(path, fmt::format("cannot open: {}", std::strerror(error)));
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    bad_file(path, "not a regular file");
+  }
+  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
+    ::close(fd);
+    bad_file(path, fmt::format("larger than {} bytes", max_bytes));
+  }
+  std::vector<uint8_t> bytes;
+  bytes.reserve(static_cast<size_t>(info.st_size));
+  uint8_t chunk[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, chunk, sizeof(chunk));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      bad_file(path, fmt::format("read failed: {}", std::strerror(error)));
+    }
+    if (got == 0) break;
+    if (bytes.size() + static_cast<uint64_t>(got) > max_bytes) {
+      ::close(fd);
+      bad_file(path, fmt::format("larger than {} bytes", max_bytes));
+    }
+    bytes.insert(bytes.end(), chunk, chunk + got);
+  }
+  ::close(fd);
+  return bytes;
+}
+
+// Whether path is a regular file (not a link to one) holding exactly `bytes`.
+bool holds_exactly(const std::string& path, std::span<const uint8_t> bytes) {
+  try {
+    const std::vector<uint8_t> present = read_regular_file(path, bytes.size(), false);
+    return std::equal(present.begin(), present.end(), bytes.begin(), bytes.end());
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The first NaN or Inf in the state buffers, as "params[12] (nan)", or empty when all are
+// finite.
+std::string first_non_finite(const Checkpoint& c) {
+  const auto scan = [](std::span<const float> values, const std::string& name) -> std::string {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) return fmt::format("{}[{}] ({})", name, i, values[i]);
+    }
+    return {};
+  };
+  std::string bad = scan(c.params, "params");
+  for (size_t b = 0; bad.empty() && b < c.optimizer_state.size(); ++b)
+    bad = scan(c.optimizer_state[b], fmt::format("optimizer_state[{}]", b));
+  if (bad.empty()) bad = scan(c.ema_shadow, "ema_shadow");
+  return bad;
+}
+
+// The checkpoint files of a directory: regular files (lstat) with a checkpoint name, newest
+// first.
+std::vector<std::pair<int64_t, std::string>> checkpoint_files(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const int64_t step = step_of(it->path().filename().string());
+    std::error_code ignored;
+    if (step >= 0 && fs::is_regular_file(it->symlink_status(ignored)))
+      found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
+}
+
+// Reads and verifies the checkpoint file named for `step`: it must decode and hold that step.
+Checkpoint load_entry(const std::string& path, int64_t step, std::vector<uint8_t>& bytes) {
+  bytes = read_regular_file(path, uint64_t{1} << 36, /*follow_links=*/false);
+  Checkpoint c = decode_checkpoint(bytes, path);
+  if (c.step != step)
+    bad_file(path, fmt::format("holds step {}, but its name says step {} (renamed or copied by "
+                               "hand?)",
+                               c.step, step));
+  return c;
 }
 
 }  // namespace
 
 std::vector<uint8_t> encode_checkpoint(const Checkpoint& c) {
+  if (const std::string bad = first_non_finite(c); !bad.empty()) {
+    throw Error(fmt::format("checkpoint at step {}: {} is not finite: the run has diverged, so "
+                            "no checkpoint was written",
+                            c.step, bad),
+                ExitCode::kNonFinite);
+  }
   Writer w;
   w.bytes().insert(w.bytes().end(), std::begin(kMagic), std::end(kMagic));
   w.scalar<uint32_t>(kCheckpointVersion);
@@ -239,63 +485,28 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& 
   if (c.step < 0 || c.epoch < 0 || c.step_in_epoch < 0 || c.global_batch <= 0 || c.ranks <= 0 ||
       c.optimizer_steps < 0 || c.ema_updates < 0)
     bad_file(source, "a step, epoch, batch or rank count is negative");
+  if (const std::string bad = first_non_finite(c); !bad.empty())
+    bad_file(source, fmt::format("{} is not finite: the run that wrote it had diverged", bad));
   return c;
 }
 
 std::vector<uint8_t> read_file_bytes(const std::string& path, uint64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) bad_file(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(fd, chunk, sizeof(chunk));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      ::close(fd);
-      bad_file(path, fmt::format("read failed: {}", std::strerror(error)));
-    }
-    if (got == 0) break;
-    if (bytes.size() + static_cast<uint64_t>(got) > max_bytes) {
-      ::close(fd);
-      bad_file(path, fmt::format("larger than {} bytes", max_bytes));
-    }
-    bytes.insert(bytes.end(), chunk, chunk + got);
-  }
-  ::close(fd);
-  return bytes;
+  return read_regular_file(path, max_bytes, /*follow_links=*/true);
 }
 
-void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  RINGTRAIN_CHECK(fd >= 0, "cannot create {}: {}", tmp, std::strerror(errno));
-  size_t written = 0;
-  int error = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      error = errno;
-      break;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (error == 0 && ::fsync(fd) != 0) error = errno;
-  if (::close(fd) != 0 && error == 0) error = errno;
-  if (error != 0) {
-    ::unlink(tmp.c_str());
-    RINGTRAIN_FAIL("writing {} failed: {} (disk full?); {} is unchanged", tmp, std::strerror(error),
-                   path);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = errno;
-    ::unlink(tmp.c_str());
-    RINGTRAIN_FAIL("cannot rename {} to {}: {}", tmp, path, std::strerror(error));
-  }
-  // The rename itself is only durable once the directory entry is on disk.
-  fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(),
-             O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes,
+                           const std::function<void()>& progress) {
+  Temporary tmp;
+  RINGTRAIN_CHECK(tmp.create(path), "cannot create a temporary file for {} in {}: {}", path,
+                  parent_of(path), std::strerror(errno));
+  int error = tmp.write(bytes, progress);
+  if (error == 0) error = tmp.sync_and_close();
+  if (error != 0) fail_write(tmp.path(), path, error);
+  // rename() replaces whatever path is (a link included) without writing through it.
+  if (::rename(tmp.path().c_str(), path.c_str()) != 0)
+    RINGTRAIN_FAIL("cannot rename {} to {}: {}", tmp.path(), path, std::strerror(errno));
+  tmp.release();
+  fsync_directory(parent_of(path));  // the rename is durable once the directory is on disk
 }
 
 CheckpointDir::CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
@@ -312,20 +523,30 @@ void CheckpointDir::ensure_writable() const {
                 ExitCode::kBadInput);
   }
   // Permissions alone do not tell (root ignores them; read-only mounts do not show in the
-  // mode bits): write and remove a probe file.
-  const std::string probe = (fs::path(dir_) / ".ringtrain-write-probe").string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || ::write(fd, "ok", 2) != 2) {
-    const int why = errno;
-    if (fd >= 0) ::close(fd);
-    ::unlink(probe.c_str());
+  // mode bits): write a probe as a checkpoint is written, and place it under a second fresh
+  // name the way a checkpoint is placed (the filesystem must support that), then remove it.
+  const auto refuse = [&](const std::string& why) {
     throw Error(fmt::format("--checkpoint-dir {}: cannot write there: {}; choose a writable "
                             "directory",
-                            dir_, std::strerror(why)),
+                            dir_, why),
                 ExitCode::kBadInput);
+  };
+  const std::string probe_name = (fs::path(dir_) / kProbeName).string();
+  Temporary probe;
+  if (!probe.create(probe_name)) refuse(std::strerror(errno));
+  static constexpr uint8_t kOk[2] = {'o', 'k'};
+  int write_error = probe.write(kOk, {});
+  if (write_error == 0) write_error = probe.sync_and_close();
+  if (write_error != 0) refuse(std::strerror(write_error));
+  const std::string placed = temporary_name(probe_name);
+  try {
+    if (place_without_replacing(probe.path(), placed) == Placement::kPlaced) {
+      probe.release();
+      ::unlink(placed.c_str());
+    }
+  } catch (const Error& failure) {
+    refuse(failure.what());
   }
-  ::close(fd);
-  ::unlink(probe.c_str());
 }
 
 std::string CheckpointDir::path_for(int64_t step) const {
@@ -334,36 +555,116 @@ std::string CheckpointDir::path_for(int64_t step) const {
 
 std::string CheckpointDir::save(const Checkpoint& checkpoint) const {
   const std::string path = path_for(checkpoint.step);
-  write_file_atomically(path, encode_checkpoint(checkpoint));
-  const std::vector<std::string> all = list();
-  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) {
-    std::error_code ignored;  // a file someone else removed is no reason to stop training
-    fs::remove(all[i], ignored);
+  const std::vector<uint8_t> bytes = encode_checkpoint(checkpoint);  // refuses NaN/Inf first
+  const std::span<const uint8_t> all(bytes);
+  {
+    Temporary tmp;
+    RINGTRAIN_CHECK(tmp.create(path), "cannot create a temporary file for {} in {}: {}", path, dir_,
+                    std::strerror(errno));
+    const size_t half = bytes.size() / 2;
+    int error = tmp.write(all.first(half), progress_);
+    if (error == 0) fault("partial");
+    if (error == 0) error = tmp.write(all.subspan(half), progress_);
+    if (error == 0) error = tmp.sync_and_close();
+    if (error != 0) fail_write(tmp.path(), path, error);
+    fault("written");
+    if (place_without_replacing(tmp.path(), path) == Placement::kPlaced) {
+      tmp.release();
+      fault("placed");
+      fsync_directory(dir_);
+    } else if (!holds_exactly(path, bytes)) {
+      // The temporary goes with `tmp`; the existing file is not touched.
+      throw Error(fmt::format("checkpoint {} already exists and holds a different state for "
+                              "step {} (another run writes to this directory?); it was left "
+                              "untouched and this checkpoint was not written",
+                              path, checkpoint.step),
+                  ExitCode::kBadInput);
+    }  // else: the same bytes are already there (a rewrite of the same step); `tmp` goes
   }
+
+  // Rotation, newest first. Only checkpoints that verify count toward keep_; this one counts
+  // without being re-read. A valid one is deleted only when it is older than this one and
+  // than keep_ kept ones; one that does not verify is left alone.
+  int kept = 0;
+  bool passed_this_one = false, deleted_any = false;
+  for (const auto& [step, file] : checkpoint_files(dir_)) {
+    if (step == checkpoint.step) {
+      passed_this_one = true;
+      ++kept;
+      continue;
+    }
+    try {
+      std::vector<uint8_t> ignored;
+      load_entry(file, step, ignored);
+      if (progress_) progress_();  // verifying a big directory takes a while too
+    } catch (const Error&) {
+      continue;
+    }
+    if (!passed_this_one || kept < keep_) {
+      ++kept;
+      continue;
+    }
+    if (::unlink(file.c_str()) == 0 && !deleted_any) {
+      deleted_any = true;
+      fault("rotating");
+    }
+    // A file someone else removed first is no reason to stop training.
+  }
+  if (deleted_any) fsync_directory(dir_);
   return path;
 }
 
 std::vector<std::string> CheckpointDir::list() const {
+  std::vector<std::string> paths;
+  for (auto& [step, path] : checkpoint_files(dir_)) paths.push_back(std::move(path));
+  return paths;
+}
+
+std::vector<std::string> CheckpointDir::later_than(int64_t step) const {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code error;
   for (fs::directory_iterator it(dir_, error), end; !error && it != end; it.increment(error)) {
-    const int64_t step = step_of(it->path().filename().string());
-    if (step >= 0 && it->is_regular_file()) found.emplace_back(step, it->path().string());
+    const int64_t named = step_of(it->path().filename().string());
+    if (named > step) found.emplace_back(named, it->path().string());
   }
   std::sort(found.begin(), found.end(), std::greater<>());
   std::vector<std::string> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  for (auto& [named, path] : found) paths.push_back(std::move(path));
   return paths;
+}
+
+std::string CheckpointDir::set_aside(const std::string& path) const {
+  for (int n = 1; n <= 1000; ++n) {
+    const std::string target = n == 1 ? path + ".damaged" : fmt::format("{}.damaged-{}", path, n);
+    if (place_without_replacing(path, target) == Placement::kPlaced) {
+      fsync_directory(parent_of(path));
+      return target;
+    }
+  }
+  RINGTRAIN_FAIL("cannot set {} aside: {}.damaged and its next 999 alternatives are all taken",
+                 path, path);
+}
+
+std::vector<std::string> CheckpointDir::remove_stale_temporaries() const {
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (fs::directory_iterator it(dir_, error), end; !error && it != end; it.increment(error)) {
+    const std::string path = it->path().string();
+    if (is_own_temporary(it->path().filename().string()) && ::unlink(path.c_str()) == 0)
+      removed.push_back(path);
+  }
+  if (!removed.empty()) fsync_directory(dir_);
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 std::optional<CheckpointDir::Loaded> CheckpointDir::load_newest_valid(
     std::vector<std::string>& skipped) const {
-  for (const std::string& path : list()) {
+  for (auto& [step, path] : checkpoint_files(dir_)) {
     try {
       Loaded loaded;
-      loaded.bytes = read_file_bytes(path);
-      loaded.checkpoint = decode_checkpoint(loaded.bytes, path);
-      loaded.path = path;
+      loaded.checkpoint = load_entry(path, step, loaded.bytes);
+      loaded.path = std::move(path);
       return loaded;
     } catch (const Error& error) {
       skipped.push_back(error.what());

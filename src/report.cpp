@@ -1,7 +1,9 @@
 // The metrics file and the progress bar (see report.h).
 #include "ringtrain/report.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -62,12 +64,46 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02d}", total / 60, total % 60);
 }
 
+// A symbolic link to a stream (/dev/stdout, /dev/fd/N, a FIFO: `--metrics-out >(jq ...)`)
+// opened for appending, never created or truncated through; -1 when the link leads to a regular
+// file or anything else that could be someone's data.
+int open_linked_stream(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat target {};
+  if (::fstat(fd, &target) == 0 &&
+      (S_ISFIFO(target.st_mode) || S_ISCHR(target.st_mode) || S_ISSOCK(target.st_mode)))
+    return fd;
+  ::close(fd);
+  return -1;
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
-  RINGTRAIN_CHECK(file_ != nullptr, "--metrics-out: cannot create {}: {}", path,
-                  std::strerror(errno));
+  // O_NOFOLLOW: a symbolic link planted at the path must not redirect the writes to a file.
+  int fd =
+      ::open(path.c_str(),
+             O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (append ? O_APPEND : O_TRUNC), 0644);
+  struct stat entry {};
+  if (fd < 0 && errno == ELOOP && ::lstat(path.c_str(), &entry) == 0 && S_ISLNK(entry.st_mode))
+    fd = open_linked_stream(path);
+  if (fd < 0) {
+    const int error = errno;
+    if (S_ISLNK(entry.st_mode)) {
+      throw Error(fmt::format("--metrics-out {}: is a symbolic link to a file; it is not written "
+                              "through: give the file's own path",
+                              path),
+                  ExitCode::kBadInput);
+    }
+    RINGTRAIN_FAIL("--metrics-out: cannot create {}: {}", path, std::strerror(error));
+  }
+  file_ = ::fdopen(fd, append ? "a" : "w");
+  if (file_ == nullptr) {
+    const int error = errno;
+    ::close(fd);
+    RINGTRAIN_FAIL("--metrics-out: cannot open {}: {}", path, std::strerror(error));
+  }
 }
 
 MetricsWriter::~MetricsWriter() {

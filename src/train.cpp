@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "ringtrain/check.h"
+#include "ringtrain/checkpoint.h"
 #include "ringtrain/ops.h"
 
 namespace ringtrain {
@@ -93,26 +94,20 @@ namespace {
 constexpr char kParamsMagic[8] = {'R', 'T', 'P', 'A', 'R', 'A', 'M', 'S'};
 }
 
-void save_params(const std::string& path, std::span<const float> params) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    RINGTRAIN_CHECK(out.good(), "--save-params: cannot create {}: {}", tmp, std::strerror(errno));
-    const uint64_t count = params.size();
-    out.write(kParamsMagic, sizeof(kParamsMagic));
-    out.write(reinterpret_cast<const char*>(&count), sizeof(count));
-    out.write(reinterpret_cast<const char*>(params.data()),
-              static_cast<std::streamsize>(params.size_bytes()));
-    out.flush();
-    if (!out.good()) {
-      out.close();
-      std::filesystem::remove(tmp);
-      RINGTRAIN_FAIL("--save-params: writing {} failed (disk full?); {} is unchanged", tmp, path);
-    }
+void save_params(const std::string& path, std::span<const float> params,
+                 const std::function<void()>& progress) {
+  std::vector<uint8_t> bytes(sizeof(kParamsMagic) + sizeof(uint64_t) + params.size_bytes());
+  const uint64_t count = params.size();
+  std::memcpy(bytes.data(), kParamsMagic, sizeof(kParamsMagic));
+  std::memcpy(bytes.data() + sizeof(kParamsMagic), &count, sizeof(count));
+  if (!params.empty())
+    std::memcpy(bytes.data() + sizeof(kParamsMagic) + sizeof(count), params.data(),
+                params.size_bytes());
+  try {
+    write_file_atomically(path, bytes, progress);
+  } catch (const Error& error) {
+    throw Error(fmt::format("--save-params {}: {}", path, error.what()), error.code());
   }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  RINGTRAIN_CHECK(!error, "--save-params: cannot rename {} to {}: {}", tmp, path, error.message());
 }
 
 std::vector<float> load_params(const std::string& path) {

@@ -41,6 +41,26 @@ expect_error "--window" --window 0
 expect_error "--repeats" --repeats 0
 expect_error "--log-level" --log-level loud
 expect_error "--bogus" --bogus
+# Every count has a range (docs/usage.md#allowed-ranges); a bad value ends every rank with
+# status 2, the flag named. expect_usage "text the output must contain" bench-args...
+expect_usage() {
+  local needle=$1
+  shift
+  local out status
+  out=$(timeout 30 "${launch[@]}" "$bench" -b 4 -e 4 "$@" 2>&1)
+  status=$?
+  [ "$status" -eq 2 ] || fail "$*: exited $status, expected 2: $out"
+  grep -qF -- "$needle" <<<"$out" || fail "$*: output lacks '$needle': $out"
+}
+expect_usage "--iters: Value 0 not in range 1 to 1000000" -n 0  # CLI11's refusals exit 2 too
+expect_usage "--check: Value 1.5 not in range 0 to 1" -c 1.5
+expect_usage "--iters" -n 2000000
+expect_usage "--warmup_iters" -w 2000000
+expect_usage "--repeats" --repeats 2000000
+expect_usage "--window" --window 100000     # segments in flight would share MPI tags
+expect_usage "--segment-kb" --segment-kb 3000000  # a segment's bytes beyond an int count
+expect_usage "--segment-kb" --segment-kb -1       # size_t: would wrap to 2^64 - 1
+
 # A failure on rank 0 alone (the CSV cannot be opened) aborts every rank.
 expect_error "$work/missing/out.csv" -b 1K -e 4K --csv "$work/missing/out.csv"
 

@@ -38,7 +38,11 @@ expect_error "missing data dir" "$work/nowhere" "$trainer" --data-dir "$work/now
 expect_error "zero batch" "--batch-size" "$trainer" --batch-size 0
 expect_error "unknown model" "--model" "$trainer" --model resnet
 expect_error "steps and epochs together" "--steps" "$trainer" --steps 5 --epochs 2
-expect_error "unknown optimizer" "--optimizer" "$trainer" --optimizer lion "${short[@]}"
+expect_exit "unknown optimizer" 2 "--optimizer" "$trainer" --optimizer lion "${short[@]}"
+expect_exit "unknown schedule" 2 "--lr-schedule" "$trainer" --lr-schedule cosine "${short[@]}"
+expect_exit "unknown log level" 2 "--log-level" "$trainer" --log-level loud "${short[@]}"
+expect_exit "a test rank beyond the job" 2 "--test-fail-rank 5 names a rank outside the 1 rank(s)" \
+  "$trainer" --test-fail-rank 5 "${short[@]}"
 expect_error "hidden with cnn" "--hidden" "$trainer" --model cnn --hidden 10 "${short[@]}"
 expect_error "save into a missing folder" "$work/missing/p.bin" \
   "$trainer" "${short[@]}" --save-params "$work/missing/p.bin"
@@ -64,8 +68,64 @@ expect_exit "--data-on-gpu on the CPU" 2 "--data-on-gpu needs a GPU" \
   "$trainer" --data-on-gpu --device cpu "${short[@]}"
 expect_exit "unknown model (exit 2)" 2 "--model" "$trainer" --model resnet
 expect_exit "missing data (exit 3)" 3 "$work/nowhere" "$trainer" --data-dir "$work/nowhere" "${short[@]}"
-expect_exit "a batch larger than the data" 3 "larger than the 60000 training images" \
+
+# Every numeric flag has a range (docs/usage.md#allowed-ranges): each kind of bad value exits 2
+# with a message naming the flag and its range, at once (before the data loads) or, for the
+# checks against the data and the rank count, before any training. `timeout` only bounds a
+# binary that would accept the value and train (or sleep) for ever.
+# expect_range FLAG VALUE [more args]: exit 2, "FLAG: must be ..." in the output.
+expect_range() {
+  local flag=$1 value=$2
+  shift 2
+  expect_exit "$flag $value" 2 "$flag: must be" timeout 20 "$trainer" "$flag" "$value" "$@"
+}
+expect_range --batch-size 3000000000000000000 "${short[@]:0:2}"  # x ranks would overflow int64
+expect_range --batch-size 99999999999999999999 --steps 1         # beyond int64 (CLI11 clamps)
+expect_range --epochs 4919131752989214 --batch-size 32  # x 1875 steps per epoch wraps negative
+expect_range --steps 9223372036854775807
+expect_range --steps 1.5  # a fraction of an integer flag
+expect_range --lr 1e39 "${short[@]}"                 # finite as a double, inf as a float
+expect_range --momentum nan "${short[@]}"
+expect_range --momentum 0.9999999999 "${short[@]}"   # 1 as a float
+expect_range --weight-decay -1 "${short[@]}"
+expect_range --adam-beta2 1 "${short[@]}"
+expect_range --adam-epsilon 1e-50 "${short[@]}"      # 0 as a float
+expect_range --lr-decay-rate 0 "${short[@]}"
+expect_range --lr-decay-steps -1 "${short[@]}"
+expect_range --warmup-steps -5 "${short[@]}"
+expect_range --warmup-epochs nan "${short[@]}"
+expect_range --reference-batch -1 "${short[@]}"
+expect_range --ema-decay 1 "${short[@]}"
+expect_range --seed -1 "${short[@]}"                 # CLI11 would read 2^64 - 1
+expect_range --seed 99999999999999999999999 "${short[@]}"
+expect_range --threads 1025 --steps 1 --log-every 0 --eval-batch 10000
+expect_range --hidden 0 "${short[@]}"
+expect_range --hidden 16,70000 "${short[@]}"
+expect_range --log-every 9223372036854775807 "${short[@]:0:4}"
+expect_range --check-replicas 9223372036854775807 "${short[@]}"
+expect_range --eval-batch 9223372036854775807 "${short[@]:0:6}"  # start + batch overflows
+expect_range --fusion-threshold-mb 1e300 "${short[@]}"
+expect_range --first-bucket-mb nan "${short[@]}"
+expect_range --average-every 9223372036854775807 --strategy local-sgd "${short[@]}"
+expect_range --max-bad-steps 9223372036854775807 --check-finite "${short[@]}"
+expect_range --checkpoint-secs 1e300 --checkpoint-dir "$work/ck-secs" "${short[@]}"
+expect_range --keep-checkpoints 2000000 --checkpoint-dir "$work/ck-keep" "${short[@]}"
+expect_range --collective-timeout 1e300 "${short[@]}"  # a steady_clock deadline overflows
+# The testing-only flags are hidden from --help; their messages still name them.
+expect_range --test-stall-seconds -5 "${short[@]}"
+expect_range --test-slow-ms -1 "${short[@]}"
+expect_range --test-comm-delay-ms nan "${short[@]}"
+expect_range --test-fail-at-step -7 "${short[@]}"
+expect_range --test-fail-rank 3000000000 "${short[@]}"
+expect_range --test-nan-steps 3,-4 "${short[@]}"
+# Against the data and the rank count (exit 2, naming the flag and its largest value here).
+expect_exit "a batch larger than the data" 2 "--batch-size must be in [1, 60000]" \
   "$trainer" --steps 1 --batch-size 70000
+expect_exit "--epochs x steps per epoch beyond the step limit" 2 \
+  "--epochs must be in [1, 533333333]" timeout 20 "$trainer" --epochs 600000000 --batch-size 32
+expect_exit "--warmup-epochs x steps per epoch beyond the step limit" 2 \
+  "--warmup-epochs must be in [0, 533333333.3333333]" \
+  "$trainer" --warmup-epochs 1e11 "${short[@]}"
 
 # Checkpoints: a good one first, then every way one can be unusable.
 "$trainer" "${short[@]}" --checkpoint-dir "$work/ck" --checkpoint-every 10 --keep-checkpoints 2 \

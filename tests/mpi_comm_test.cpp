@@ -8,6 +8,13 @@
 // `--expect-timeout` (2 ranks, RINGTRAIN_COMM_TIMEOUT_S=1): rank 0 waits for a message rank 1
 // never sends; wait() must throw an error naming rank 1, cancel the receive, and leave MPI in a
 // state that still finalizes cleanly.
+//
+// `--expect-progress` (2 ranks, RINGTRAIN_COMM_TIMEOUT_S=1): the deadline judges progress, not
+// one wait's wall time: rank 0 waits 2.5 s for a message and for a barrier while its board
+// records progress (its own, then the job's as a watchdog would note it), and neither throws;
+// then, under a real watchdog, it waits 2.5 s in a barrier while rank 1 computes: the watchdog
+// must neither end the job nor let the barrier's deadline pass.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +26,7 @@
 
 #include "ringtrain/check.h"
 #include "ringtrain/mpi_comm.h"
+#include "ringtrain/watchdog.h"
 
 namespace {
 
@@ -158,7 +166,9 @@ void check_errors(MpiComm& comm) {
 
 void check_allreduce(MpiComm& comm) {
   const int n = comm.size();
-  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{1} << 18}) {
+  // (1 << 21) + 5: two 4 MiB pieces and a short one.
+  for (size_t count :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{1} << 18, (size_t{1} << 21) + 5}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
       // Rank r holds r + (i % 97): the sum is N (i % 97) + N(N - 1)/2, exact in float.
       std::vector<float> data(count);
@@ -176,7 +186,9 @@ void check_allreduce(MpiComm& comm) {
 
 void check_broadcast(MpiComm& comm) {
   for (int root = 0; root < comm.size(); ++root) {
-    for (size_t bytes : {size_t{0}, size_t{1}, size_t{13}, size_t{1} << 20}) {
+    // (9 << 20) + 13: two 4 MiB pieces and a short one.
+    for (size_t bytes :
+         {size_t{0}, size_t{1}, size_t{13}, size_t{1} << 20, (size_t{9} << 20) + 13}) {
       const auto pattern = [root](size_t i) {
         return static_cast<unsigned char>((i * 7 + static_cast<size_t>(root)) % 251);
       };
@@ -218,6 +230,33 @@ void check_barrier(MpiComm& comm) {
   CHECK(left >= arrivals[0]);
 }
 
+// StallDeadline on made-up times: progress, not wall time, and a stopped process's gap (a
+// poll that comes seconds after the one before) is not counted.
+void check_stall_deadline() {
+  constexpr int64_t kS = 1'000'000'000;
+  ringtrain::ProgressBoard board;
+  const int64_t t0 = ringtrain::ProgressBoard::now_ns();
+  ringtrain::StallDeadline deadline(board, 1.0, t0);
+  CHECK(!deadline.passed(t0 + kS / 2));
+  CHECK(!deadline.passed(t0 + 5 * kS));        // stopped for 4.5 s: 0.5 s without progress so far
+  CHECK(!deadline.passed(t0 + 54 * kS / 10));  // 0.9 s
+  CHECK(deadline.passed(t0 + 56 * kS / 10));   // 1.1 s
+  // The job's progress, as the watchdog notes it, moves the deadline on.
+  board.note_job_progress(t0 + 6 * kS);
+  CHECK(!deadline.passed(t0 + 65 * kS / 10));
+  CHECK(deadline.passed(t0 + 71 * kS / 10));
+  // Progress of this rank does too (the board's clock is the real one).
+  ringtrain::ProgressBoard other;
+  const int64_t t1 = ringtrain::ProgressBoard::now_ns();
+  ringtrain::StallDeadline fresh(other, 1.0, t1);
+  CHECK(!fresh.passed(t1 + 6 * kS / 10));  // polls less than a second apart: no stop
+  CHECK(fresh.passed(t1 + 11 * kS / 10));
+  other.progress();
+  const int64_t t2 = other.last_progress_ns();  // just after t1, in real time
+  CHECK(!fresh.passed(t2 + kS / 2));
+  CHECK(fresh.passed(t2 + 12 * kS / 10));
+}
+
 int run_all(MpiComm& comm, const MpiSession& session) {
   CHECK(session.provided() >= MPI_THREAD_MULTIPLE);
   {
@@ -235,6 +274,7 @@ int run_all(MpiComm& comm, const MpiSession& session) {
   check_broadcast(comm);
   check_allgather(comm);
   check_barrier(comm);
+  check_stall_deadline();
   if (comm.rank() == 0) std::printf("mpi_comm_test: %d ranks passed\n", comm.size());
   return 0;
 }
@@ -263,6 +303,80 @@ int run_expect_timeout(MpiComm& comm) {
   // the barrier only after rank 0 has given up (1 s): the barrier has a deadline too.
   if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   comm.barrier();
+  return 0;
+}
+
+// With a watchdog (timeout 0.25 s: its re-asks leave the 1 s deadline 0.75 s of margin) on both
+// ranks: rank 1 computes (posts progress) for 2.5 s while rank 0 waits in a barrier with nothing to
+// post. Rank 0's watchdog must find the job moving instead of ending it (exit 4), and note rank 1's
+// progress on rank 0's board, which keeps the barrier's own 1 s deadline from passing.
+void watched_wait_through_progress(MpiComm& comm) {
+  ringtrain::CollectiveWatchdog watchdog(comm, 0.25);
+  if (comm.rank() == 1) {
+    const double until = wall_seconds() + 2.5;
+    while (wall_seconds() < until) {
+      comm.board().progress();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  const double start = wall_seconds();
+  try {
+    comm.barrier();
+  } catch (const ringtrain::Error& error) {
+    std::fprintf(stderr, "rank %d: %s\n", comm.rank(), error.what());
+    CHECK(!"a watched wait with progress elsewhere threw");
+  }
+  if (comm.rank() == 0) CHECK(wall_seconds() - start >= 2.0);
+}
+
+// Rank 0 waits 2.5 s (2.5x the timeout) for a message and then for a barrier; meanwhile a
+// thread posts progress on its board: first its own (a layer, say), then the job's, as the
+// watchdog notes another rank's. Neither wait may throw.
+int run_expect_progress(MpiComm& comm) {
+  CHECK(comm.size() == 2);
+  constexpr auto kLate = std::chrono::milliseconds(2500);
+  float value = 0;
+  if (comm.rank() == 1) {
+    std::this_thread::sleep_for(kLate);
+    value = 42.0f;
+    CommRequest sending = comm.isend(&value, 1, 0, 9);
+    comm.wait(sending);
+    std::this_thread::sleep_for(kLate);
+    comm.barrier();
+    watched_wait_through_progress(comm);
+    return 0;
+  }
+  for (const bool own : {true, false}) {
+    std::atomic<bool> done{false};
+    std::thread ticking([&] {
+      while (!done.load()) {
+        if (own) {
+          comm.board().progress();
+        } else {
+          comm.board().note_job_progress(ringtrain::ProgressBoard::now_ns());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+    const double start = wall_seconds();
+    try {
+      if (own) {
+        CommRequest receiving = comm.irecv(&value, 1, 1, 9);
+        comm.wait(receiving);
+        CHECK(value == 42.0f);
+      } else {
+        comm.barrier();
+      }
+    } catch (const ringtrain::Error& error) {
+      std::fprintf(stderr, "rank 0: %s\n", error.what());
+      CHECK(!"a wait with progress threw");
+    }
+    done.store(true);
+    ticking.join();
+    CHECK(wall_seconds() - start >= 2.0);
+  }
+  watched_wait_through_progress(comm);
+  std::printf("expected progress: waits of 2.5 s with progress under a 1 s deadline passed\n");
   return 0;
 }
 
@@ -297,6 +411,7 @@ int main(int argc, char** argv) {
   const bool expect_timeout = argc > 1 && std::strcmp(argv[1], "--expect-timeout") == 0;
   const bool expect_collective_timeout =
       argc > 1 && std::strcmp(argv[1], "--expect-collective-timeout") == 0;
+  const bool expect_progress = argc > 1 && std::strcmp(argv[1], "--expect-progress") == 0;
   try {
     MpiSession session(&argc, &argv);
     int code = 0;
@@ -305,6 +420,7 @@ int main(int argc, char** argv) {
       g_rank = comm.rank();
       code = expect_timeout              ? run_expect_timeout(comm)
              : expect_collective_timeout ? run_expect_collective_timeout(comm)
+             : expect_progress           ? run_expect_progress(comm)
                                          : run_all(comm, session);
     }
     return code;

@@ -19,6 +19,7 @@ enum class ExitCode : int {
   kBadInput = 3,     // a data file, a checkpoint or the ranks' configurations are unusable
   kCommFailure = 4,  // a collective timed out (watchdog) or a peer failed
   kNonFinite = 5,    // --check-finite: too many consecutive steps with NaN/Inf
+  kPreempted = 75,   // a signal asked the job to stop: checkpointed; resume me (EX_TEMPFAIL)
 };
 
 class Error : public std::runtime_error {

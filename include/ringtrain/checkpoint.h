@@ -10,14 +10,22 @@
 //   last 8 bytes hash_bytes() (comm.h) of bytes [0, 24 + P)
 // The reader checks the size against the header before it allocates, the checksum before it
 // parses, and every length against the bytes left, so a corrupt or hostile file is an error
-// naming the file, never a crash or a huge allocation.
+// naming the file, never a crash or a huge allocation. A checkpoint never holds NaN or Inf:
+// the writer refuses such state and the reader rejects it.
 //
-// Only the chief writes (its replica is every rank's replica); the file goes to a temporary
-// name, is flushed and fsync()ed, then renamed over, and the directory is fsync()ed, so a
-// crash mid-write leaves the previous checkpoints intact.
+// Only the chief writes (its replica is every rank's replica). The one invariant of a
+// checkpoint directory: a file named for step k holds a valid checkpoint of step k, or it is
+// not there at all. So a checkpoint is written under a fresh temporary name (created with
+// O_EXCL | O_NOFOLLOW: nothing planted in the directory is ever written through), fsync()ed,
+// then given its final name without replacing anything (renameat2 RENAME_NOREPLACE, or link +
+// unlink), and the directory is fsync()ed. A crash at any point leaves the previous
+// checkpoints intact and at worst a temporary, which remove_stale_temporaries() clears.
+// Rotation deletes only checkpoints that verify and are older than the `keep` newest that
+// verify; a file that does not verify, a symbolic link or anything else is left alone.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -45,31 +53,41 @@ struct Checkpoint {
   int64_t ranks = 0;         // rank count of the run that wrote it
   // The learning-rate schedule as the run used it; its state is `step`.
   LrSchedule schedule;
-  std::vector<float> params;
+  std::vector<float> params;  // [num_params]
   // Optimizer: its kind, its step count (Adam's bias correction), its state buffers.
   std::string optimizer;
   int64_t optimizer_steps = 0;
-  std::vector<std::vector<float>> optimizer_state;
+  std::vector<std::vector<float>> optimizer_state;  // each [num_params]
   // Weight EMA (empty shadow when the run keeps none).
   float ema_decay = 0.0f;
   int64_t ema_updates = 0;
-  std::vector<float> ema_shadow;
+  std::vector<float> ema_shadow;  // [num_params] or empty
 };
 
-// The whole file's bytes.
+// The whole file's bytes. Throws ringtrain::Error (ExitCode::kNonFinite) naming the first NaN
+// or Inf in the parameters, the optimizer state or the EMA shadow: a diverged run's state is
+// never written.
 std::vector<uint8_t> encode_checkpoint(const Checkpoint& checkpoint);
 // Parses and verifies a whole file's bytes; throws ringtrain::Error (ExitCode::kBadInput)
 // naming `source` and what is wrong: too short, bad magic, another version, a size that
-// disagrees with the header, a checksum mismatch, a field running past the end.
+// disagrees with the header, a checksum mismatch, a field running past the end, a NaN or Inf
+// in the state (the run that wrote it had diverged).
 Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& source);
 
-// Reads a whole file (at most max_bytes; more is an error naming it).
+// Reads a whole regular file the caller named (a symbolic link to one is followed; a FIFO or
+// device is refused), at most max_bytes; throws naming it otherwise.
 std::vector<uint8_t> read_file_bytes(const std::string& path,
                                      uint64_t max_bytes = uint64_t{1} << 36);
-// Writes bytes to path + ".tmp", fsync()s, renames over path, fsync()s the directory.
-void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes);
+// Replaces path with exactly these bytes, or leaves it as it was: writes a fresh temporary
+// "<dir>/.<name>.tmp-XXXXXX" (O_EXCL | O_NOFOLLOW), fsync()s it, renames it over path (a
+// symbolic link at path is replaced, never written through) and fsync()s the directory.
+// `progress`, when given, is called after each chunk (at most 16 MiB) reaches the disk.
+void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes,
+                           const std::function<void()>& progress = {});
 
-// The checkpoints of one run: <dir>/ckpt-<step, 10 digits>.rtckpt.
+// The checkpoints of one run: <dir>/ckpt-<step, 10 digits>.rtckpt. Only regular files with
+// exactly that name count as checkpoints; "<name>.damaged", temporaries, symbolic links and
+// other entries are never read and never deleted by rotation.
 class CheckpointDir {
  public:
   explicit CheckpointDir(std::string dir, int keep = 3);
@@ -78,22 +96,56 @@ class CheckpointDir {
   // the directory (and --checkpoint-dir) otherwise.
   void ensure_writable() const;
   std::string path_for(int64_t step) const;
-  // Writes a checkpoint and deletes the oldest beyond `keep`; returns the path written.
+  // Writes a checkpoint under path_for(checkpoint.step), then rotates: of the checkpoints
+  // that verify (this one counts without being re-read), the `keep` newest are kept, and
+  // valid ones older than those and than this one are deleted. Returns the path written.
+  // Throws kNonFinite (nothing written) for NaN/Inf state; throws kBadInput, leaving the file
+  // untouched, when that name already holds other bytes (rewriting identical bytes succeeds).
   std::string save(const Checkpoint& checkpoint) const;
-  // The checkpoint files present, newest (highest step) first.
+  // The checkpoint files present (regular files, checked with lstat), newest first.
   std::vector<std::string> list() const;
+  // Every entry with a checkpoint name (of any type, valid or not) whose step is greater than
+  // `step`, newest first: what a run resumed at `step` must refuse or set aside, since it would
+  // collide with the names it is about to write.
+  std::vector<std::string> later_than(int64_t step) const;
+  // Renames path to "<path>.damaged" (or ".damaged-2", ... when taken), never replacing
+  // anything; returns the new path. The bytes stay for inspection; the name no longer claims a
+  // step, so list() and rotation ignore it. Throws naming the file when it cannot.
+  std::string set_aside(const std::string& path) const;
+  // Unlinks the temporaries this code leaves when a writer dies mid-save
+  // (".ckpt-<step>.rtckpt.tmp-XXXXXX", ".ringtrain-write-probe.tmp-XXXXXX"), whatever their
+  // type (unlink never follows a link); returns their paths. Only for the chief at start:
+  // another process writing this directory at the same time would lose its temporary.
+  std::vector<std::string> remove_stale_temporaries() const;
+
+  // Called with "partial" (about half the bytes written to the temporary, before its fsync),
+  // "written" (after its fsync, before placing), "placed" (after placing, before the
+  // directory's fsync) and "rotating" (after the first deletion of an old checkpoint, if any):
+  // the crash-consistency tests end the process there. Nothing is called when unset.
+  void set_fault_hook(std::function<void(const char* point)> hook) {
+    fault_hook_ = std::move(hook);
+  }
+  // Called after each chunk (at most 16 MiB) of a checkpoint is written, so that a watchdog
+  // sees a long write moving.
+  void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
 
   struct Loaded {
     std::string path;
     std::vector<uint8_t> bytes;  // the verified file, for broadcasting to the other ranks
     Checkpoint checkpoint;
   };
-  // The newest checkpoint that decodes; each one skipped adds a line to `skipped` saying why.
+  // The newest checkpoint that decodes and holds the step its name says; each one skipped
+  // adds a line to `skipped` saying why.
   std::optional<Loaded> load_newest_valid(std::vector<std::string>& skipped) const;
 
  private:
+  void fault(const char* point) const {
+    if (fault_hook_) fault_hook_(point);
+  }
   std::string dir_;
   int keep_;
+  std::function<void(const char*)> fault_hook_;
+  std::function<void()> progress_;
 };
 
 }  // namespace ringtrain

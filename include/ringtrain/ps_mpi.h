@@ -12,7 +12,9 @@
 //   server -> chief:  snapshot (the shard's parameters and optimizer state at a version).
 // One round trip per server per step: a push is answered with the parameters to use next.
 // Every wait is polled with a deadline and posted on the progress board, so the watchdog
-// sees a server waiting for pushes or a worker waiting for answers like any collective.
+// sees a server waiting for pushes or a worker waiting for answers like any collective. The
+// deadline judges progress (StallDeadline, comm.h), not one wait's wall time: a server waits
+// through its workers' long compute step while the watchdog confirms they are moving.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +52,7 @@ struct PsHeader {
 static_assert(sizeof(PsHeader) == 48, "docs/strategies.md gives the header's size");
 
 // The private channel: collective over the job communicator (every rank creates it at the
-// same point).
+// same point; MPI_Comm_idup polled under the job communicator's deadline).
 class PsChannel {
  public:
   PsChannel(MpiComm& job, double timeout_s);
@@ -61,8 +63,9 @@ class PsChannel {
   ProgressBoard& board() { return job_.board(); }
   double timeout() const { return timeout_s_; }
   int rank() const { return job_.rank(); }
-  // Polls the requests to completion under the deadline, posting `what` on the board
-  // (peer: the rank waited on, or -1); throws ExitCode::kCommFailure when it passes.
+  // Polls the requests to completion under the deadline (timeout() without progress), posting
+  // `what` on the board (peer: the rank waited on, or -1); throws ExitCode::kCommFailure when
+  // it passes.
   void wait_all(std::span<MPI_Request> requests, const char* what, int peer);
 
  private:

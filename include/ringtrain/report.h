@@ -21,7 +21,8 @@ using JsonField = std::pair<std::string_view, JsonValue>;
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // Truncates (or appends: a resumed run continues its file); throws naming the file.
+  // Truncates (or appends: a resumed run continues its file); throws naming the file. A
+  // symbolic link at `path` is refused (ExitCode::kBadInput), never written through.
   explicit MetricsWriter(const std::string& path, bool append = false);
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -137,9 +137,13 @@ EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t en
 EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx);
 
 // Writes the flat parameter buffer: the 8 bytes "RTPARAMS", the element count as a
-// little-endian uint64, then the float32 values, little-endian. Written to path + ".tmp",
-// flushed and renamed, so an existing file is never left half-written.
-void save_params(const std::string& path, std::span<const float> params);
+// little-endian uint64, then the float32 values, little-endian. Written as
+// write_file_atomically (checkpoint.h) writes: to a fresh temporary next to path (never through
+// an existing name), fsync()ed, then renamed over path, so an existing file is never left
+// half-written and a symbolic link at path is replaced, not followed.
+// `progress`: called as the bytes reach the disk (a watchdog sees a long write move).
+void save_params(const std::string& path, std::span<const float> params,
+                 const std::function<void()>& progress = {});
 // Reads a file written by save_params; throws naming the file if it is not one.
 std::vector<float> load_params(const std::string& path);
 

@@ -4,6 +4,7 @@
 // neighbours that call it at the same time.
 #include "ringtrain/comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -44,25 +45,29 @@ void Comm::add_inplace(float* dst, const float* src, size_t n) {
 }
 
 namespace {
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 double seconds_since(int64_t start_ns, int64_t now) {
   return start_ns == 0 ? 0.0 : static_cast<double>(now - start_ns) * 1e-9;
 }
 }  // namespace
 
 void ProgressBoard::set_step(int64_t step) {
-  step_start_ns_.store(now_ns(), std::memory_order_relaxed);
+  const int64_t now = now_ns();
+  step_start_ns_.store(now, std::memory_order_relaxed);
   step_.store(step, std::memory_order_relaxed);
+  last_progress_ns_.store(now, std::memory_order_relaxed);
 }
 
 void ProgressBoard::enter_wait(const char* what, int peer) {
   waiting_on_.store(what, std::memory_order_relaxed);
   peer_.store(peer, std::memory_order_relaxed);
   wait_start_ns_.store(now_ns(), std::memory_order_release);
+}
+
+void ProgressBoard::note_job_progress(int64_t at_ns) {
+  int64_t known = job_progress_ns_.load(std::memory_order_relaxed);
+  while (at_ns > known &&
+         !job_progress_ns_.compare_exchange_weak(known, at_ns, std::memory_order_relaxed)) {
+  }
 }
 
 ProgressBoard::Snapshot ProgressBoard::snapshot() const {
@@ -76,6 +81,7 @@ ProgressBoard::Snapshot ProgressBoard::snapshot() const {
   s.peer = peer_.load(std::memory_order_relaxed);
   s.waiting_s = seconds_since(wait_start, now);
   s.step_s = seconds_since(step_start_ns_.load(std::memory_order_relaxed), now);
+  s.idle_s = std::max(0.0, seconds_since(last_progress_ns(), now));
   return s;
 }
 

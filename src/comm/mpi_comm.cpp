@@ -4,10 +4,17 @@
 // allocates nothing. wait() never blocks inside MPI: it polls MPI_Test, spinning for the first
 // spin_ (1 ms by default: a neighbour's message is usually that close) and then sleeping 50 us
 // between polls, so that a dead peer turns into an error naming it after
-// RINGTRAIN_COMM_TIMEOUT_S seconds instead of a silent hang. The overlap engine's
-// communication thread shares the cores with computation and sets a 50 us spin
-// (set_spin_before_sleep): spinning for 1 ms there halved the wide MLP's bandwidth over the
-// emulated network, while for a bare allreduce the short spin halved the ring's busbw at 2-16 MiB.
+// RINGTRAIN_COMM_TIMEOUT_S seconds without progress (StallDeadline: this rank's or, as the
+// watchdog confirms, the job's; a stopped process's gap does not count) instead of a silent
+// hang. Broadcasts and MPI_Allreduce move in pieces of 4 MiB, each completing being progress,
+// so that one long collective that is still moving is never taken for a stalled one. Even
+// the set-up collectives are bounded: the duplicates use MPI_Comm_idup, and MPI_Comm_split /
+// MPI_Comm_split_type (no non-blocking form) follow a barrier polled under the deadline.
+//
+// The overlap engine's communication thread shares the cores with computation and sets a 50 us
+// spin (set_spin_before_sleep): spinning for 1 ms there halved the wide MLP's bandwidth over
+// the emulated network, while for a bare allreduce the short spin halved the ring's busbw at
+// 2-16 MiB.
 #include "ringtrain/mpi_comm.h"
 
 #include <algorithm>
@@ -26,12 +33,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr double kDefaultTimeoutS = 600.0;
+// About 11.6 days: above --collective-timeout's week + 30 s, far below where a deadline in
+// int64 steady_clock nanoseconds overflows (about 292 years).
+constexpr double kMaxTimeoutS = 1e6;
 constexpr auto kBackoff = std::chrono::microseconds(50);
 // How long a timed-out wait() waits for its cancelled request to let go of the buffer.
 constexpr auto kCancelGrace = std::chrono::milliseconds(200);
-// MPI counts are int; collectives move big buffers in pieces no larger than this.
-constexpr size_t kMaxPieceBytes = size_t{1} << 30;
-constexpr size_t kMaxPieceFloats = kMaxPieceBytes / sizeof(float);
+// Broadcasts and MPI_Allreduce move big buffers in pieces no larger than this: well under a
+// second even on a slow link (4 ms at 1 GB/s, 34 ms at 1 Gbit/s), so each piece completing
+// tells the watchdog the collective is moving; and not slower at 64 MiB than one call
+// (docs/failures.md has the measurements).
+constexpr size_t kPieceBytes = size_t{4} << 20;
+constexpr size_t kPieceFloats = kPieceBytes / sizeof(float);
 
 const char* thread_level_name(int level) {
   switch (level) {
@@ -62,9 +75,18 @@ double timeout_from_env() {
   if (text == nullptr || *text == '\0') return kDefaultTimeoutS;
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
-  RINGTRAIN_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds > 0,
-                  "RINGTRAIN_COMM_TIMEOUT_S='{}' is not a positive number of seconds", text);
+  if (end == text || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 ||
+      seconds > kMaxTimeoutS)
+    throw Error(
+        fmt::format("RINGTRAIN_COMM_TIMEOUT_S='{}' must be a number of seconds in (0, {:g}]", text,
+                    kMaxTimeoutS),
+        ExitCode::kUsage, /*on_every_rank=*/true);
   return seconds;
+}
+
+// The progress board's time base (steady_clock nanoseconds) of a time already read.
+int64_t board_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
 const char* direction(bool send) {
@@ -118,26 +140,70 @@ void MpiSession::abort_job(int exit_code) {
 
 // ---- communicator ----
 
-MpiComm::MpiComm() : timeout_s_(timeout_from_env()) {
+MpiComm::MpiComm() : MpiComm(timeout_from_env()) {}
+
+MpiComm::MpiComm(double timeout_s) {
   RINGTRAIN_CHECK(mpi_initialized() && !mpi_finalized(),
                   "MpiComm needs MPI running: create an MpiSession first");
-  RINGTRAIN_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
-  init_from_comm();
+  set_timeout(timeout_s);
+  RINGTRAIN_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  RINGTRAIN_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  MPI_Request request;
+  RINGTRAIN_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &request));
+  try {
+    complete_collective(request, "MPI_Comm_idup of the world");
+  } catch (...) {
+    comm_ = MPI_COMM_NULL;  // never completed: nothing to free
+    throw;
+  }
+  init_from_comm(/*world=*/true);
 }
 
-MpiComm::MpiComm(const MpiComm& parent, int color, int key) : timeout_s_(parent.timeout_s_) {
-  RINGTRAIN_CHECK_MPI(MPI_Comm_split(parent.comm_, color, key, &comm_));
-  init_from_comm();
+MpiComm::MpiComm(MpiComm& parent, int color, int key)
+    : timeout_s_(parent.timeout_s_), piece_delay_(parent.piece_delay_) {
+  post_on_board_of(parent);  // the watchdog reads the parent's board
+  MPI_Request request;
+  RINGTRAIN_CHECK_MPI(MPI_Ibarrier(parent.comm_, &request));
+  parent.complete_collective(request, "the barrier before MPI_Comm_split");
+  {
+    const WaitScope post(board(), "MPI_Comm_split", -1);
+    RINGTRAIN_CHECK_MPI(MPI_Comm_split(parent.comm_, color, key, &comm_));
+  }
+  init_from_comm(/*world=*/false);
 }
 
-void MpiComm::init_from_comm() {
+namespace {
+// The launcher's word for the world's node-local rank and size (Open MPI), if it gives one.
+bool local_from_launcher(int& local_rank, int& local_size) {
+  const char* rank_text = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const char* size_text = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (rank_text == nullptr || size_text == nullptr) return false;
+  char *rank_end = nullptr, *size_end = nullptr;
+  const long r = std::strtol(rank_text, &rank_end, 10);
+  const long n = std::strtol(size_text, &size_end, 10);
+  if (rank_end == rank_text || *rank_end != '\0' || size_end == size_text || *size_end != '\0' ||
+      n < 1 || r < 0 || r >= n || n > INT_MAX)
+    return false;
+  local_rank = static_cast<int>(r);
+  local_size = static_cast<int>(n);
+  return true;
+}
+}  // namespace
+
+void MpiComm::init_from_comm(bool world) {
   try {
     RINGTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     RINGTRAIN_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
     RINGTRAIN_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+    // The launcher's numbers describe MPI_COMM_WORLD only, and only when it spans the job.
+    if (world && local_from_launcher(local_rank_, local_size_) && local_size_ <= size_) return;
+    barrier();  // every rank has arrived: the blocking split below cannot wait on a straggler
     MPI_Comm node = MPI_COMM_NULL;
-    RINGTRAIN_CHECK_MPI(
-        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    {
+      const WaitScope post(board(), "MPI_Comm_split_type", -1);
+      RINGTRAIN_CHECK_MPI(
+          MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    }
     const int rank_code = MPI_Comm_rank(node, &local_rank_);
     const int size_code = MPI_Comm_size(node, &local_size_);
     MPI_Comm_free(&node);
@@ -147,6 +213,19 @@ void MpiComm::init_from_comm() {
     MPI_Comm_free(&comm_);
     throw;
   }
+}
+
+MPI_Comm MpiComm::duplicate(const char* what) {
+  MPI_Comm copy = MPI_COMM_NULL;
+  MPI_Request request;
+  RINGTRAIN_CHECK_MPI(MPI_Comm_idup(comm_, &copy, &request));
+  complete_collective(request, what);  // on a throw the copy never completed: nothing to free
+  const int code = MPI_Comm_set_errhandler(copy, MPI_ERRORS_RETURN);
+  if (code != MPI_SUCCESS) {
+    MPI_Comm_free(&copy);
+    RINGTRAIN_CHECK_MPI(code);
+  }
+  return copy;
 }
 
 MpiComm::~MpiComm() {
@@ -232,8 +311,7 @@ void MpiComm::wait(CommRequest& request) {
   const WaitScope post(board(), direction(transfer.send), transfer.peer);
 
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s_));
+  StallDeadline deadline(board(), timeout_s_);
   MPI_Status status;
   for (;;) {
     int done = 0;
@@ -251,7 +329,7 @@ void MpiComm::wait(CommRequest& request) {
       }
     }
     const auto now = Clock::now();
-    if (now >= deadline) {
+    if (deadline.passed(board_ns(now))) {
       // Cancel, so that MPI_Finalize need not wait for the message and the buffer is released;
       // Open MPI cannot cancel a send, which then stays abandoned in its slot (never reused).
       std::unique_lock lock(mutex_);
@@ -287,8 +365,8 @@ void MpiComm::wait(CommRequest& request) {
 }
 
 void MpiComm::set_timeout(double seconds) {
-  RINGTRAIN_CHECK(std::isfinite(seconds) && seconds > 0,
-                  "the communication timeout must be a positive number of seconds, got {}",
+  RINGTRAIN_CHECK(std::isfinite(seconds) && seconds > 0 && seconds <= kMaxTimeoutS,
+                  "the communication timeout must be in (0, {:g}] seconds, got {}", kMaxTimeoutS,
                   seconds);
   timeout_s_ = seconds;
 }
@@ -296,16 +374,15 @@ void MpiComm::set_timeout(double seconds) {
 void MpiComm::complete_collective(MPI_Request& request, const char* what) {
   const WaitScope post(board(), what, -1);
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s_));
+  StallDeadline deadline(board(), timeout_s_);
   for (;;) {
     int done = 0;
     RINGTRAIN_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    const auto now = Clock::now();
     // A collective cannot be cancelled: the request is abandoned and the job must end, which
     // is what main() does with any error.
-    RINGTRAIN_CHECK(now < deadline,
+    const auto now = Clock::now();
+    RINGTRAIN_CHECK(!deadline.passed(board_ns(now)),
                     "rank {}: no progress for {:g} s in {} ({}); did every rank reach it (a rank "
                     "that died, stalled or called another collective)? set "
                     "RINGTRAIN_COMM_TIMEOUT_S (mnist_train: --collective-timeout) to wait longer",
@@ -314,16 +391,28 @@ void MpiComm::complete_collective(MPI_Request& request, const char* what) {
   }
 }
 
+void MpiComm::set_piece_delay_for_tests(double ms) {
+  RINGTRAIN_CHECK(std::isfinite(ms) && ms >= 0, "a piece delay of {} ms", ms);
+  piece_delay_ = std::chrono::microseconds(static_cast<int64_t>(ms * 1000.0));
+}
+
+void MpiComm::delay_piece_for_tests() const {
+  if (piece_delay_.count() > 0) std::this_thread::sleep_for(piece_delay_);
+}
+
 // The blocking MPI_Allreduce on purpose: it is the library's own algorithm, the baseline the
 // ring is measured against (MPI_Iallreduce runs a different implementation in Open MPI), so it
-// has no deadline of ours; the ring's own waits do.
+// has no deadline of ours; the ring's own waits do. It runs in pieces, posted on the board as
+// a wait, each completing being progress: the watchdog sees a long allreduce move and ends a
+// stuck one.
 void MpiComm::allreduce_library(float* data, size_t n, ReduceOp op) {
-  // Blocking: no deadline of ours, but the watchdog sees the post and ends a stuck job.
   const WaitScope post(board(), "MPI_Allreduce", -1);
-  for (size_t offset = 0; offset < n; offset += kMaxPieceFloats) {
-    const auto piece = static_cast<int>(std::min(kMaxPieceFloats, n - offset));
+  for (size_t offset = 0; offset < n; offset += kPieceFloats) {
+    const auto piece = static_cast<int>(std::min(kPieceFloats, n - offset));
+    delay_piece_for_tests();
     RINGTRAIN_CHECK_MPI(
         MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, comm_));
+    board().progress();
   }
   if (op == ReduceOp::kAvg) {
     const auto ranks = static_cast<float>(size_);
@@ -335,11 +424,13 @@ void MpiComm::broadcast(void* data, size_t bytes, int root) {
   RINGTRAIN_CHECK(root >= 0 && root < size_, "broadcast from rank {} in a world of {} ranks", root,
                   size_);
   auto* base = static_cast<char*>(data);
-  for (size_t offset = 0; offset < bytes; offset += kMaxPieceBytes) {
-    const auto piece = static_cast<int>(std::min(kMaxPieceBytes, bytes - offset));
+  for (size_t offset = 0; offset < bytes; offset += kPieceBytes) {
+    const auto piece = static_cast<int>(std::min(kPieceBytes, bytes - offset));
+    // A slow root, as a slow link would make it: the others wait for each piece.
+    if (rank_ == root) delay_piece_for_tests();
     MPI_Request request;
     RINGTRAIN_CHECK_MPI(MPI_Ibcast(base + offset, piece, MPI_BYTE, root, comm_, &request));
-    complete_collective(request, "a broadcast");
+    complete_collective(request, "a broadcast");  // each piece's completion is progress
   }
 }
 

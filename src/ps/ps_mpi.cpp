@@ -38,8 +38,7 @@ int as_count(int64_t floats) {
 }  // namespace
 
 PsChannel::PsChannel(MpiComm& job, double timeout_s) : job_(job), timeout_s_(timeout_s) {
-  RINGTRAIN_CHECK_MPI(MPI_Comm_dup(job.handle(), &comm_));
-  RINGTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  comm_ = job.duplicate("the parameter-server channel's MPI_Comm_idup");
 }
 
 PsChannel::~PsChannel() {
@@ -51,15 +50,16 @@ PsChannel::~PsChannel() {
 void PsChannel::wait_all(std::span<MPI_Request> requests, const char* what, int peer) {
   const WaitScope post(board(), what, peer);
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s_));
+  // Progress, not this wait's wall time: a server waits through its workers' compute, and the
+  // watchdog notes on the board that they are moving.
+  StallDeadline deadline(board(), timeout_s_);
   for (;;) {
     int done = 0;
     RINGTRAIN_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
                                     MPI_STATUSES_IGNORE));
     if (done) return;
     const auto now = Clock::now();
-    if (now >= deadline) {
+    if (deadline.passed()) {
       throw Error(fmt::format("job rank {}: no progress for {:g} s waiting for {}{}: did a "
                               "server or a worker die or stall? (--collective-timeout)",
                               job_.rank(), timeout_s_, what,
@@ -310,13 +310,12 @@ std::vector<PsSnapshot> PsClient::collect_snapshots(int64_t wait_for_step) {
   }
   if (wait_for_step >= 0) {
     const WaitScope post(channel_.board(), "the servers' last snapshot", -1);
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(channel_.timeout()));
+    StallDeadline deadline(channel_.board(), channel_.timeout());
     while (partial_snapshots_[wait_for_step].parts < layout_.servers) {
       if (!receive_snapshot_part()) {
-        RINGTRAIN_CHECK(Clock::now() < deadline,
-                        "the chief waited {:g} s for the servers' snapshots of step {} ({} of {} "
-                        "arrived)",
+        RINGTRAIN_CHECK(!deadline.passed(),
+                        "the chief waited {:g} s without progress for the servers' snapshots of "
+                        "step {} ({} of {} arrived)",
                         channel_.timeout(), wait_for_step, partial_snapshots_[wait_for_step].parts,
                         layout_.servers);
         std::this_thread::sleep_for(kBackoff);
