@@ -142,11 +142,19 @@ const Interval kUnit{0, 1, false, true};  // [0, 1): momentum, betas, decays
 }  // namespace
 
 void add_flags(CLI::App& app, Options& o) {
-  // The testing-only flags (hidden: their checks name them): a rank number or a step number,
-  // -1 for none, and sleeps of up to a week.
-  const auto test_rank = [](const char* flag) { return whole_number<int>(-1, kMaxRanks, flag); };
-  const auto test_step = [](const char* flag) {
-    return whole_number<int64_t>(-1, kMaxSteps, flag);
+  // The testing-only flags (hidden, so their checks name them): a rank number or a step number,
+  // -1 for none, and sleeps of up to a week in milliseconds.
+  const auto test_option = [&app](const char* flag, auto& value, const char* help) {
+    return app.add_option(flag, value, help)->group("");
+  };
+  const auto test_rank = [&](const char* flag, int& value, const char* help) {
+    return test_option(flag, value, help)->check(whole_number<int>(-1, kMaxRanks, flag));
+  };
+  const auto test_step = [&](const char* flag, int64_t& value, const char* help) {
+    return test_option(flag, value, help)->check(whole_number<int64_t>(-1, kMaxSteps, flag));
+  };
+  const auto test_ms = [&](const char* flag, double& value, const char* help) {
+    return test_option(flag, value, help)->check(real_number<double>({0, kWeekS * 1000}, flag));
   };
   app.add_option("--data-dir", o.data_dir,
                  "Folder with the four MNIST-format IDX files (.gz or plain). Default: "
@@ -304,52 +312,28 @@ void add_flags(CLI::App& app, Options& o) {
                  "write...")
       ->check(CLI::IsMember({"partial", "written", "placed", "rotating"}))
       ->group("");
-  app.add_option("--test-kill-in-checkpoint-step", o.test_kill_in_checkpoint_step,
-                 "...of the checkpoint of this step")
-      ->group("")
-      ->check(test_step("--test-kill-in-checkpoint-step"));
-  app.add_option("--test-preempt-rank", o.test_preempt_rank,
-                 "Testing only: this rank behaves as if SIGTERM arrived...")
-      ->group("")
-      ->check(test_rank("--test-preempt-rank"));
-  app.add_option("--test-preempt-at-step", o.test_preempt_at_step, "...when it starts this step")
-      ->group("")
-      ->check(test_step("--test-preempt-at-step"));
-  app.add_option("--test-comm-delay-ms", o.test_comm_delay_ms,
-                 "Testing only: sleep this long before each bucket's reduction")
-      ->group("")
-      ->check(real_number<double>({0, kWeekS * 1000}, "--test-comm-delay-ms"));
-  app.add_option("--test-perturb-rank", o.test_perturb_rank,
-                 "Testing only: after the first step, nudge one parameter on this rank so that "
-                 "the replica check must catch it")
-      ->group("")
-      ->check(test_rank("--test-perturb-rank"));
-  app.add_option("--test-fail-rank", o.test_fail_rank, "Testing only: this rank throws...")
-      ->group("")
-      ->check(test_rank("--test-fail-rank"));
-  app.add_option("--test-fail-at-step", o.test_fail_at_step, "...when it starts this step")
-      ->group("")
-      ->check(test_step("--test-fail-at-step"));
-  app.add_option("--test-stall-rank", o.test_stall_rank, "Testing only: this rank sleeps...")
-      ->group("")
-      ->check(test_rank("--test-stall-rank"));
-  app.add_option("--test-stall-at-step", o.test_stall_at_step, "...when it starts this step...")
-      ->group("")
-      ->check(test_step("--test-stall-at-step"));
+  test_step("--test-kill-in-checkpoint-step", o.test_kill_in_checkpoint_step,
+            "...of the checkpoint of this step");
+  test_rank("--test-preempt-rank", o.test_preempt_rank,
+            "Testing only: this rank behaves as if SIGTERM arrived...");
+  test_step("--test-preempt-at-step", o.test_preempt_at_step, "...when it starts this step");
+  test_ms("--test-comm-delay-ms", o.test_comm_delay_ms,
+          "Testing only: sleep this long before each bucket's reduction");
+  test_rank("--test-perturb-rank", o.test_perturb_rank,
+            "Testing only: after the first step, nudge one parameter on this rank so that "
+            "the replica check must catch it");
+  test_rank("--test-fail-rank", o.test_fail_rank, "Testing only: this rank throws...");
+  test_step("--test-fail-at-step", o.test_fail_at_step, "...when it starts this step");
+  test_rank("--test-stall-rank", o.test_stall_rank, "Testing only: this rank sleeps...");
+  test_step("--test-stall-at-step", o.test_stall_at_step, "...when it starts this step...");
   app.add_option("--test-stall-seconds", o.test_stall_seconds, "...for this long (seconds)")
       ->group("")
       ->check(real_number<double>({0, kWeekS}, "--test-stall-seconds"));
-  app.add_option("--test-slow-rank", o.test_slow_rank,
-                 "Testing only: this rank sleeps --test-slow-ms before every step")
-      ->group("")
-      ->check(test_rank("--test-slow-rank"));
-  app.add_option("--test-slow-ms", o.test_slow_ms, "...this long")
-      ->group("")
-      ->check(real_number<double>({0, kWeekS * 1000}, "--test-slow-ms"));
-  app.add_option("--test-nan-rank", o.test_nan_rank,
-                 "Testing only: this rank puts a NaN into its batch...")
-      ->group("")
-      ->check(test_rank("--test-nan-rank"));
+  test_rank("--test-slow-rank", o.test_slow_rank,
+            "Testing only: this rank sleeps --test-slow-ms before every step");
+  test_ms("--test-slow-ms", o.test_slow_ms, "...this long");
+  test_rank("--test-nan-rank", o.test_nan_rank,
+            "Testing only: this rank puts a NaN into its batch...");
   app.add_option("--test-nan-steps", o.test_nan_steps, "...at these steps")
       ->delimiter(',')
       ->group("")
@@ -362,16 +346,12 @@ void add_flags(CLI::App& app, Options& o) {
                "Testing only: --test-stall-rank sleeps --test-stall-seconds after its last "
                "writes, before the final barrier")
       ->group("");
-  app.add_option("--test-slow-transport-ms", o.test_slow_transport_ms,
-                 "Testing only: hold every 4 MiB piece of a broadcast or MPI_Allreduce this long, "
-                 "as a slow link would")
-      ->group("")
-      ->check(real_number<double>({0, kWeekS * 1000}, "--test-slow-transport-ms"));
-  app.add_option("--test-long-compute-ms", o.test_long_compute_ms,
-                 "Testing only (--strategy ps): every worker step computes at least this long "
-                 "(more forward passes, each layer reporting progress)")
-      ->group("")
-      ->check(real_number<double>({0, kWeekS * 1000}, "--test-long-compute-ms"));
+  test_ms("--test-slow-transport-ms", o.test_slow_transport_ms,
+          "Testing only: hold every 4 MiB piece of a broadcast or MPI_Allreduce this long, "
+          "as a slow link would");
+  test_ms("--test-long-compute-ms", o.test_long_compute_ms,
+          "Testing only (--strategy ps): every worker step computes at least this long "
+          "(more forward passes, each layer reporting progress)");
 }
 
 void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images) {

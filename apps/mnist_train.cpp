@@ -75,14 +75,17 @@ void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& m
                     c.step, c.seed, o.seed, c.seed));
 }
 
+void stall_for_test(const Options& o, int rank, const std::string& where) {
+  if (rank != o.test_stall_rank) return;
+  spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s {}", rank, o.test_stall_seconds,
+               where);
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.test_stall_seconds));
+}
+
 void inject_test_failures(const Options& o, int rank, int64_t step) {
   if (rank == o.test_fail_rank && step == o.test_fail_at_step)
     RINGTRAIN_FAIL("--test-fail-rank: rank {} fails on purpose at step {}", rank, step);
-  if (rank == o.test_stall_rank && step == o.test_stall_at_step) {
-    spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s at step {}", rank,
-                 o.test_stall_seconds, step);
-    std::this_thread::sleep_for(std::chrono::duration<double>(o.test_stall_seconds));
-  }
+  if (step == o.test_stall_at_step) stall_for_test(o, rank, fmt::format("at step {}", step));
   if (rank == o.test_slow_rank)
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.test_slow_ms));
 }
@@ -426,13 +429,10 @@ int run(Options o, MpiComm& comm) {
                  .device = ctx.device};
   std::unique_ptr<Model> model = make_model(spec);
   // --strategy ps: the job's communicator with the chief (worker 0, world rank --num-ps) first,
-  // so that it is the one that reads checkpoints; the servers' waits are posted on the board
-  // the watchdog reads.
+  // so that it is the one that reads checkpoints; a split communicator posts its waits on its
+  // parent's board, which the watchdog reads.
   std::optional<MpiComm> job;
-  if (ps) {
-    job.emplace(comm, 0, (rank - o.num_ps + ranks) % ranks);
-    job->post_on_board_of(comm);
-  }
+  if (ps) job.emplace(comm, 0, (rank - o.num_ps + ranks) % ranks);
   Comm& control = job ? static_cast<Comm&>(*job) : comm;
   // The ranks that share the global batch: the workers.
   const int data_ranks = ps ? ranks - o.num_ps : ranks;
@@ -1119,15 +1119,9 @@ int main(int argc, char** argv) {
     // Watched from here to the final barrier: set-up, training and the chief's last writes.
     std::optional<CollectiveWatchdog> watchdog;
     if (ranks > 1) watchdog.emplace(comm, options.collective_timeout);
-    const auto stall_for_test = [&](bool when, const char* where) {
-      if (!when || rank != options.test_stall_rank) return;
-      spdlog::warn("--test-stall-rank: rank {} stalls for {:g} s {}", rank,
-                   options.test_stall_seconds, where);
-      std::this_thread::sleep_for(std::chrono::duration<double>(options.test_stall_seconds));
-    };
-    stall_for_test(options.test_stall_at_setup, "in set-up");
+    if (options.test_stall_at_setup) stall_for_test(options, rank, "in set-up");
     const int code = run(options, comm);
-    stall_for_test(options.test_stall_after_end, "after its last writes");
+    if (options.test_stall_after_end) stall_for_test(options, rank, "after its last writes");
     if (watchdog) {
       // Every rank leaves together, after the chief's last writes, so that a rank that stalls
       // before here is ended by the watchdog instead of leaving the others blocked in

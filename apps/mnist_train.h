@@ -121,6 +121,8 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
 void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& model,
                            const Optimizer& optimizer, size_t optimizer_buffers);
 std::string describe_schedule(const LrSchedule& s);
+// --test-stall-rank sleeps --test-stall-seconds `where` ("at step 5", "in set-up", ...).
+void stall_for_test(const Options& o, int rank, const std::string& where);
 // --test-fail-rank, --test-stall-rank, --test-slow-rank: the failures the tests inject.
 void inject_test_failures(const Options& o, int rank, int64_t step);
 

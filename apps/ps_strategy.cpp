@@ -455,7 +455,6 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   // the channel's duplicate are watched like any collective (mpi_comm.h).
   world.board().set_phase("parameter-server set-up");
   MpiComm workers_comm(job, is_server ? 1 : 0, job.rank());
-  workers_comm.post_on_board_of(world);
   PsChannel channel(job, o.collective_timeout + 30.0);
   if (job.rank() == 0) {
     std::vector<std::string> shards;

@@ -13,10 +13,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-compare=/bin/false  # the runs are compared with cmp
 # shellcheck source=tests/trainer_run_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
-rank_comm=$(basename "$trainer" | cut -c1-15)  # a process name as ps shows it
 trials=${CRASH_TRIALS:-20}
 seed=${CRASH_SEED:-$(( $(date +%s) % 100000 ))}
 RANDOM=$seed
@@ -31,12 +29,6 @@ run full 120 2 "${common[@]}" --checkpoint-dir "$work/full-ckpt" --save-params "
 # Random kills land anywhere in a run's life: start-up, training, checkpoint writes, the end.
 full_ms=$(awk -v t="$took" 'BEGIN { printf "%d", t * 1000 }')
 
-ranks_of_this_test() {
-  local p
-  for p in $(pgrep -f "$work/ck-"); do
-    [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$rank_comm" ] && echo "$p"
-  done
-}
 declare -A outcomes
 count() { outcomes[$1]=$(( ${outcomes[$1]:-0} + 1 )); }
 
@@ -50,7 +42,7 @@ kill_run() {
       --checkpoint-dir "$dir" </dev/null >"$name.log" 2>&1 &
     local pid=$!
     sleep "$(awk -v m="$delay_ms" 'BEGIN { printf "%.3f", m / 1000 }')"
-    mapfile -t victims < <(ranks_of_this_test)
+    mapfile -t victims < <(pids_of "$trainer" "$work/ck-")
     if [ "${#victims[@]}" -gt 0 ]; then
       kill -KILL "${victims[$(( RANDOM % ${#victims[@]} ))]}" 2>/dev/null
     fi

@@ -18,7 +18,6 @@ shift 3
 mpi_flags=("$@")
 # shellcheck source=tests/trainer_run_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
-has() { grep -qF -- "$2" "$1.log"; }
 # Same settings for every run of (a)-(c): momentum, EMA and a decaying rate, so that the
 # optimizer state, the EMA and the schedule must all be restored for the bits to match.
 common=(--steps 40 --log-every 10 --eval-batch 5000 --momentum 0.9 --ema-decay 0.99

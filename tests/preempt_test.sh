@@ -15,11 +15,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-compare=/bin/false  # compare_params is not used: the runs are compared with cmp
 # shellcheck source=tests/trainer_run_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
-rank_comm=$(basename "$trainer" | cut -c1-15)  # a process name as ps shows it
-has() { grep -qF -- "$2" "$1.log"; }
 # Momentum, an EMA and a decaying rate: all of that state must come back for the bits to match.
 # The 4 ms pause per step on rank 0 keeps a run long enough to be signalled mid-training on a fast
 # machine; it changes no bits.
@@ -47,18 +44,6 @@ wait_for_step() {
   done
   return 1
 }
-ranks_of_this_test() {  # the mnist_train processes whose arguments name this test's directory
-  local p
-  for p in $(pgrep -f "$work"); do
-    [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$rank_comm" ] && echo "$p"
-  done
-}
-mpirun_of_this_test() {
-  local p
-  for p in $(pgrep -f "$work"); do
-    [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$(basename "$mpirun")" ] && echo "$p"
-  done
-}
 # finish_wait: waits for the job; $status, and $took (seconds since $signalled).
 finish_wait() {
   wait "$pid"
@@ -80,63 +65,51 @@ resume_and_compare() {
 run full 120 2 "${common[@]}" --save-params "$work/full.bin"
 [ "$status" -eq 0 ] || fail "the uninterrupted run exited $status: $(tail -n 20 full.log)"
 
-# ---- (a) SIGTERM to every rank ----
-start term_ranks 2 "${common[@]}" --checkpoint-dir "$work/ck-a"
-if wait_for_step term_ranks 20; then
-  signalled=$(date +%s.%N)
-  # shellcheck disable=SC2046
-  kill -TERM $(ranks_of_this_test)
-  finish_wait
-  step=$(grep -o 'stopped after step [0-9]*' term_ranks.log | head -n 1 | grep -o '[0-9]*$')
-  if [ "$status" -eq 75 ] && [ -n "$step" ] && [ -f "ck-a/ckpt-$(printf %010d "$step").rtckpt" ] &&
-     grep -q '"event":"preempted"' term_ranks.jsonl; then
-    pass "(a) SIGTERM to both ranks: stopped after step $step, checkpoint written, exit 75, ${took} s after the signal"
-  else
-    fail "(a) SIGTERM to the ranks: exit $status (expected 75), step '$step': $(tail -n 8 term_ranks.log)"
+# signal_mid_run WHAT NAME SIGNAL WHOM EXPECTED flags...: starts NAME with flags, sends SIGNAL to
+# WHOM (ranks: every rank; mpirun: mpirun alone) once it trains, and checks the stop: exit
+# EXPECTED (or, for "nonzero", mpirun's own status), the log's "preempted" line naming the
+# signal, the checkpoint of the step every rank stopped after and the metrics' preempted event;
+# then the same command resumes and must equal the uninterrupted run.
+signal_mid_run() {
+  local what=$1 name=$2 signal=$3 whom=$4 expected=$5
+  shift 5
+  local dir="$work/ck-$name" number step exit_ok
+  number=$(kill -l "$signal")
+  start "$name" 2 "$@" --checkpoint-dir "$dir"
+  if ! wait_for_step "$name" 20; then
+    fail "$what: the run never reached step 20: $(tail -n 8 "$name.log")"
+    return
   fi
-  resume_and_compare "(a)" term_ranks_resumed 2 "${common[@]}" --checkpoint-dir "$work/ck-a"
-else
-  fail "(a) the run never reached step 20: $(tail -n 8 term_ranks.log)"
-fi
-
-# ---- (b) SIGUSR1 to mpirun alone ----
-start usr1_mpirun 2 "${common[@]}" --checkpoint-dir "$work/ck-b"
-if wait_for_step usr1_mpirun 20; then
   signalled=$(date +%s.%N)
-  # shellcheck disable=SC2046
-  kill -USR1 $(mpirun_of_this_test)
-  finish_wait
-  if [ "$status" -eq 75 ] && has usr1_mpirun "preempted: signal 10" && ls ck-b/ckpt-*.rtckpt >/dev/null 2>&1; then
-    pass "(b) SIGUSR1 to mpirun: forwarded, checkpoint written, mpirun exit 75, ${took} s after the signal"
+  if [ "$whom" = ranks ]; then
+    # shellcheck disable=SC2046
+    kill -"$signal" $(pids_of "$trainer" "$work")
   else
-    fail "(b) SIGUSR1 to mpirun: exit $status (expected 75): $(tail -n 8 usr1_mpirun.log)"
+    # shellcheck disable=SC2046
+    kill -"$signal" $(pids_of "$mpirun" "$work")
   fi
-  resume_and_compare "(b)" usr1_resumed 2 "${common[@]}" --checkpoint-dir "$work/ck-b"
-else
-  fail "(b) the run never reached step 20: $(tail -n 8 usr1_mpirun.log)"
-fi
+  finish_wait
+  step=$(grep -o 'stopped after step [0-9]*' "$name.log" | head -n 1 | grep -o '[0-9]*$')
+  if [ "$expected" = nonzero ]; then exit_ok=$(( status != 0 )); else exit_ok=$(( status == expected )); fi
+  if [ "$exit_ok" -eq 1 ] && has "$name" "preempted: signal $number" && [ -n "$step" ] &&
+     [ -f "$dir/ckpt-$(printf %010d "$step").rtckpt" ] && grep -q '"event":"preempted"' "$name.jsonl"; then
+    pass "$what: stopped after step $step, checkpoint written, exit $status, ${took} s after the signal"
+  else
+    fail "$what: exit $status (expected $expected), step '$step': $(tail -n 8 "$name.log")"
+  fi
+  resume_and_compare "$what" "${name}_resumed" 2 "${common[@]}" --checkpoint-dir "$dir"
+}
 
-# ---- (c) SIGTERM to mpirun alone ----
-# mpirun passes SIGTERM on after odls_base_sigkill_timeout and sends SIGKILL as long after: 3 s
-# (1 s by default) leaves a loaded machine's disk time for the checkpoint, and 15 ms per step
-# keeps the run going until the signal arrives.
+# (a) as scancel does it; (b) Open MPI forwards SIGUSR1 to every rank and returns their code.
+signal_mid_run "(a) SIGTERM to both ranks" term_ranks TERM ranks 75 "${common[@]}"
+signal_mid_run "(b) SIGUSR1 to mpirun alone" usr1_mpirun USR1 mpirun 75 "${common[@]}"
+# (c) mpirun passes SIGTERM on after odls_base_sigkill_timeout and sends SIGKILL as long after,
+# and exits 1 whatever the ranks return: 3 s (1 s by default) leaves a loaded machine's disk
+# time for the checkpoint, and 15 ms per step keeps the run going until the signal arrives.
 extra_mpi_flags=(--mca odls_base_sigkill_timeout 3)
-start term_mpirun 2 "${base[@]}" --test-slow-ms 15 --checkpoint-dir "$work/ck-c"
+signal_mid_run "(c) SIGTERM to mpirun alone" term_mpirun TERM mpirun nonzero "${base[@]}" \
+  --test-slow-ms 15
 extra_mpi_flags=()
-if wait_for_step term_mpirun 20; then
-  signalled=$(date +%s.%N)
-  # shellcheck disable=SC2046
-  kill -TERM $(mpirun_of_this_test)
-  finish_wait
-  if [ "$status" -ne 0 ] && has term_mpirun "preempted: signal 15" && ls ck-c/ckpt-*.rtckpt >/dev/null 2>&1; then
-    pass "(c) SIGTERM to mpirun: the ranks stopped and checkpointed before mpirun killed them (mpirun's own exit $status), ${took} s after the signal"
-  else
-    fail "(c) SIGTERM to mpirun: exit $status, no preemption checkpoint: $(tail -n 8 term_mpirun.log)"
-  fi
-  resume_and_compare "(c)" term_mpirun_resumed 2 "${common[@]}" --checkpoint-dir "$work/ck-c"
-else
-  fail "(c) the run never reached step 20: $(tail -n 8 term_mpirun.log)"
-fi
 
 # ---- (d) one process without mpirun ----
 run full_one 120 1 "${common[@]}" --save-params "$work/full_one.bin"

@@ -8,7 +8,10 @@
 #  - run NAME LIMIT_S NP flags...: mpirun under a timeout (a hang is a failure, never a wait);
 #    output in NAME.log, metrics in NAME.jsonl, exit status in $status, seconds in $took;
 #  - compare_params WHAT A B [params_compare flags]: passes or fails with params_compare's
-#    numbers line.
+#    numbers line;
+#  - has NAME TEXT: whether NAME.log holds TEXT;
+#  - pids_of PROGRAM PATTERN: the PIDs of PROGRAM's processes (mpirun, or the trainer's ranks)
+#    whose arguments match PATTERN (this test's scratch directory, say: not another test's).
 work=$(mktemp -d)
 trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
 unset RINGTRAIN_DATA
@@ -39,6 +42,16 @@ compare_params() {
   else
     fail "$what: $out"
   fi
+}
+
+has() { grep -qF -- "$2" "$1.log"; }
+
+pids_of() {
+  local name p
+  name=$(basename "$1" | cut -c1-15)  # a process name as ps shows it
+  for p in $(pgrep -f "$2"); do
+    [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$name" ] && echo "$p"
+  done
 }
 
 finish() {  # finish WHAT
