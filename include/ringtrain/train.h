@@ -13,14 +13,12 @@
 #include <span>
 #include <vector>
 
-#include "ringtrain/bucketer.h"
 #include "ringtrain/data.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
 
 namespace ringtrain {
-
-class DeviceGradBucketer;  // device_bucketer.h (GPU build)
 
 struct Batch {
   Tensor images;                // [B, rows, cols, 1], scaled to [0, 1]
@@ -31,7 +29,7 @@ struct StepStats {
   double loss = 0.0;    // mean over the batch
   int64_t correct = 0;  // rows whose arg-max matched the label
   int64_t samples = 0;
-  CommStats comm;       // zero without a bucketer
+  CommStats comm;       // zero without a GradSync
   bool updated = true;  // false when before_update skipped the optimizer step
   // Device steps with a before_update only: whether the averaged gradients were all finite,
   // counted on the device (before_update then gets an empty span: the gradients are device
@@ -49,59 +47,15 @@ struct DeviceStepState;  // the device step's buffers (src/cuda/train_gpu.cpp)
 struct StepWorkspace {
   Tensor dlogits;                           // [B, classes], on the model's device
   std::shared_ptr<DeviceStepState> device;  // device steps: images, labels, loss statistics
-  // Device steps without a bucketer (one rank): replay the upload, forward, loss and backward
+  // Device steps without a GradSync (one rank): replay the upload, forward, loss and backward
   // as one captured CUDA graph instead of launching each kernel from the host (mnist_train
-  // --cuda-graphs). See train_step_device.
+  // --cuda-graphs). See train_step.
   bool cuda_graph = false;
   // Device steps: host work to do once the step is queued, before the host waits for it
   // (mnist_train makes the next batch here, so the GPU does not wait for it). Run once per
   // step, at the first wait.
   std::function<void()> while_device_runs;
 };
-
-// With a bucketer, each layer's gradients are handed to it as backward finishes them and the
-// optimizer steps only after bucketer->wait(): on averaged gradients, the same on every rank.
-// before_update, when given, runs after the gradients are final (averaged) and before the
-// optimizer; returning false skips the update (the --check-finite guard).
-using BeforeUpdateFn = std::function<bool(const StepStats& stats, std::span<const float> grads)>;
-// Forward, the loss and backward on the CPU, without an update: the gradients are left in
-// model.grads() (averaged, with a bucketer). train_step below is this plus the optimizer; the
-// parameter-server workers push these gradients instead.
-StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
-                            Context& ctx, GradBucketer* bucketer = nullptr);
-// A CUDA ctx (with a device model and optimizer) runs train_step_device without a bucketer;
-// passing a GradBucketer with a CUDA ctx throws.
-StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer = nullptr,
-                     const BeforeUpdateFn& before_update = {});
-
-// The step on the GPU (GPU build; the CPU-only build throws). The batch is host memory (as
-// make_batch writes it): the images and labels are uploaded explicitly on the compute stream
-// (labels are range-checked on the host first, as the CPU loss does). Forward, the loss,
-// backward, the optimizer and, with a bucketer, the averaging (on the communication stream,
-// ordered by events) are all queued without the host waiting. The host synchronises once per
-// step, at its end, to read the loss and the correct count back (one small copy into pinned
-// memory): that is the step's only host sync. With before_update there are two: the read-back
-// moves before the optimizer (the guard decides on the loss and on the gradients' non-finite
-// count, computed on the device), and the end waits for the update. (Reading the loss
-// asynchronously, a step late, would let the host run ahead; not done yet.)
-//
-// With workspace.cuda_graph (and no bucketer: the multi-rank step is not captured), the upload,
-// forward, loss and backward are captured once into a CUDA graph and replayed: one launch
-// instead of one per kernel, for these launch-bound models. The first step of a batch shape
-// runs eagerly (it allocates the activations and loads cuBLAS's kernels); the next one with
-// the same shape captures and replays; later ones replay. A graph bakes in every pointer it
-// was captured with, so it is recaptured whenever any device tensor was allocated since
-// (device_allocations(): an evaluation with a larger batch, say) or the staging buffers moved.
-// The optimizer, the --check-finite count and the read-back stay outside the graph (the
-// learning rate and Adam's step change every step). Replaying runs the same kernels with the
-// same arguments, so the results are the eager step's, bit for bit.
-StepStats train_step_device(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                            StepWorkspace& workspace, Context& ctx,
-                            DeviceGradBucketer* bucketer = nullptr,
-                            const BeforeUpdateFn& before_update = {});
-// How many step graphs this workspace has captured (GPU build; each recapture counts).
-int64_t step_graph_captures(const StepWorkspace& workspace);
 
 // A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and
 // labels as loaded, so that a device step gathers its batch there (gpu::gather_batch, the
@@ -111,13 +65,69 @@ int64_t step_graph_captures(const StepWorkspace& workspace);
 struct DeviceDataset;
 std::shared_ptr<const DeviceDataset> upload_dataset(const Dataset& data, int64_t classes);
 int64_t device_dataset_bytes(const DeviceDataset& data);
-// train_step_device with the batch given as sample indices into a device data set (checked
-// against its count on the host). Graphs (workspace.cuda_graph) capture the indices' upload
-// and the gather with the rest.
-StepStats train_step_device(Model& model, Optimizer& optimizer, const DeviceDataset& data,
-                            std::span<const int64_t> indices, float lr, StepWorkspace& workspace,
-                            Context& ctx, DeviceGradBucketer* bucketer = nullptr,
-                            const BeforeUpdateFn& before_update = {});
+
+// What a step trains on: a host batch (as make_batch writes it), or sample indices into a
+// training set on the GPU (device steps only; checked against its count on the host).
+struct StepInput {
+  StepInput(const Batch& host_batch) : batch(&host_batch) {}  // NOLINT: a batch is an input
+  StepInput(const DeviceDataset& data, std::span<const int64_t> sample_indices)
+      : device_data(&data), indices(sample_indices) {}
+  const Batch* batch = nullptr;
+  const DeviceDataset* device_data = nullptr;
+  std::span<const int64_t> indices;
+};
+
+// With a GradSync, each piece of the gradients is handed to it as backward finishes it and
+// the optimizer steps only after sync->finish(): on averaged gradients, the same on every
+// rank. before_update, when given, runs after the gradients are final (averaged) and before
+// the optimizer; returning false skips the update (the --check-finite guard).
+using BeforeUpdateFn = std::function<bool(const StepStats& stats, std::span<const float> grads)>;
+
+// Forward, the loss and backward on the CPU, without an update: the gradients are left in
+// model.grads() (averaged, with a GradSync). train_step below is this plus the optimizer; the
+// parameter-server workers push these gradients instead.
+StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
+                            Context& ctx, GradSync* sync = nullptr);
+
+// One training step, on whichever device ctx names (the model, the optimizer and the
+// GradSync must live there too; a mismatch throws).
+//
+// On the CPU: compute_gradients, before_update, the optimizer.
+//
+// On the GPU (GPU build; the CPU-only build throws): a host batch is uploaded explicitly on
+// the compute stream (labels are range-checked on the host first, as the CPU loss does); a
+// device input is gathered there. Forward, the loss, backward, the optimizer and, with a
+// GradSync, the averaging (on the communication stream, ordered by events) are all queued
+// without the host waiting. The host synchronises once per step, at its end, to read the loss
+// and the correct count back (one small copy into pinned memory): that is the step's only host
+// sync. With before_update there are two: the read-back moves before the optimizer (the guard
+// decides on the loss and on the gradients' non-finite count, computed on the device; it gets
+// an empty span), and the end waits for the update.
+//
+// With workspace.cuda_graph (and no GradSync: the multi-rank step is not captured), the
+// upload, forward, loss and backward are captured once into a CUDA graph and replayed: one
+// launch instead of one per kernel, for these launch-bound models. The first step of a batch
+// shape runs eagerly (it allocates the activations and loads cuBLAS's kernels); the next one
+// with the same shape captures and replays; later ones replay. A graph bakes in every pointer
+// it was captured with, so it is recaptured whenever any device tensor was allocated since (an
+// evaluation with a larger batch, say) or the staging buffers moved. The optimizer, the
+// --check-finite count and the read-back stay outside the graph (the learning rate and Adam's
+// step change every step). Replaying runs the same kernels with the same arguments, so the
+// results are the eager step's, bit for bit.
+StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
+                     StepWorkspace& workspace, Context& ctx, GradSync* sync = nullptr,
+                     const BeforeUpdateFn& before_update = {});
+
+// How many step graphs this workspace has captured (0 in the CPU-only build; each recapture
+// counts).
+int64_t step_graph_captures(const StepWorkspace& workspace);
+
+namespace detail {
+// train_step's device half (src/cuda/device_step.cpp; the CPU-only build's stub throws).
+StepStats train_step_device(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
+                            StepWorkspace& workspace, Context& ctx, GradSync* sync,
+                            const BeforeUpdateFn& before_update);
+}  // namespace detail
 
 struct EvalResult {
   int64_t correct = 0;

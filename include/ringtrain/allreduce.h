@@ -1,0 +1,96 @@
+// Allreduce: average or sum one buffer of floats where it lives, the same bits on every rank.
+// The one object behind every averaging in ringtrain (the gradient buckets of GradSync, local
+// SGD's parameter averages, allreduce_bench), chosen once from the configuration by
+// make_allreduce and identical on every rank:
+//
+//   kind             memory   what runs                                        made when
+//   ring over MPI    host     ring_allreduce (ring.h) over the host Comm       cpu, --allreduce ring
+//   MPI_Allreduce    host     Comm::allreduce_library                          cpu, --allreduce mpi
+//   ring over NCCL   device   ring_allreduce_device over NcclComm send/recv    gpu, ring, own GPUs
+//   ncclAllReduce    device   NcclComm::allreduce_library                      gpu, mpi, own GPUs
+//   host-staged ring device   copy to pinned host, ring over MPI, copy back    gpu, ranks share a GPU
+//
+// Host kinds return with the result in place. Device kinds queue the work on the context's
+// communication stream and return without waiting (the caller orders its streams with events).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ringtrain/comm.h"
+#include "ringtrain/context.h"
+#include "ringtrain/ring.h"
+
+namespace ringtrain {
+
+// --allreduce: our ring, or the library's collective (MPI_Allreduce on the host, ncclAllReduce
+// on a GPU).
+enum class AllreduceAlgorithm { kRing, kLibrary };
+// "ring" or "mpi" (the flag's historical name for the library's collective); anything else
+// throws a usage Error naming --allreduce and the accepted values.
+AllreduceAlgorithm parse_allreduce_algorithm(const std::string& flag);
+const char* to_string(AllreduceAlgorithm algorithm);  // "ring", "mpi"
+
+enum class AllreduceKind { kHostRing, kHostLibrary, kDeviceRing, kDeviceLibrary, kStagedRing };
+// "ring over MPI", "MPI_Allreduce", "ring over NCCL", "ncclAllReduce", "host-staged ring"
+const char* to_string(AllreduceKind kind);
+Device device_of(AllreduceKind kind);  // where the buffers it takes live
+
+class Allreduce {
+ public:
+  virtual ~Allreduce() = default;
+  // In place on `count` floats at `data` (in the memory device_of(kind()) names). Every rank
+  // calls it with the same count, in the same order.
+  virtual void run(float* data, size_t count, ReduceOp op) = 0;
+  virtual AllreduceKind kind() const = 0;
+  // Grows the scratch for buffers of up to `count` floats now, so that run() never allocates.
+  virtual void reserve(size_t count) { (void)count; }
+  // Device kinds over NCCL: aborts the communicator, so that transfers whose peer will never
+  // join end and freeing device memory cannot hang. Never throws; a no-op elsewhere.
+  virtual void abort() noexcept {}
+  // Ranks of the collective.
+  virtual int size() const = 0;
+};
+
+struct AllreduceConfig {
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
+  Device device = Device::kCpu;  // where the buffers live (a Context's device)
+  RingOptions ring;
+  // Device kinds: how long a wait for the streams may go without progress (the host
+  // transport's deadline is the natural value).
+  double timeout_s = 90.0;
+  // Host kinds, tests only: each run() first sleeps this long (a slowed transport, so that the
+  // overlap tests can see communication hide behind backward).
+  double test_delay_ms = 0.0;
+};
+
+// Collective over `host` (the job's host communicator: it runs the host kinds, bootstraps
+// NCCL and decides, the same on every rank, whether ranks share a GPU). `ctx` gives the GPU and
+// the communication stream for device kinds. A device kind in a build without the GPU path
+// throws. The Allreduce keeps references to `host` (and the NCCL communicator it makes, if
+// any): it must not outlive them.
+std::unique_ptr<Allreduce> make_allreduce(Comm& host, const AllreduceConfig& config,
+                                          const Context& ctx);
+
+// Calls allreduce.abort() when the scope it guards is left by an exception: declared after
+// everything that frees device memory, so that it runs first (see Allreduce::abort).
+class AbortAllreduceOnError {
+ public:
+  explicit AbortAllreduceOnError(Allreduce* allreduce) noexcept;
+  ~AbortAllreduceOnError();
+  AbortAllreduceOnError(const AbortAllreduceOnError&) = delete;
+  AbortAllreduceOnError& operator=(const AbortAllreduceOnError&) = delete;
+
+ private:
+  Allreduce* allreduce_;
+  int exceptions_at_start_;
+};
+
+namespace detail {
+// The device kinds (src/cuda/device_allreduce.cpp; the CPU-only build's stub throws).
+std::unique_ptr<Allreduce> make_device_allreduce(Comm& host, const AllreduceConfig& config,
+                                                 const Context& ctx);
+}  // namespace detail
+
+}  // namespace ringtrain
