@@ -4,7 +4,9 @@
 // here), so they exist to keep the layers and the step free of #ifdef.
 #ifndef RINGTRAIN_HAVE_GPU
 
+#include "ringtrain/allreduce.h"
 #include "ringtrain/check.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/gpu_ops.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/train.h"
@@ -68,9 +70,30 @@ std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig&, int64_t
 }
 }  // namespace detail
 
-StepStats train_step_device(Model&, Optimizer&, const Batch&, float, StepWorkspace&, Context&,
-                            DeviceGradBucketer*, const BeforeUpdateFn&) {
+namespace detail {
+StepStats train_step_device(Model&, Optimizer&, const StepInput&, float, StepWorkspace&, Context&,
+                            GradSync*, const BeforeUpdateFn&) {
   no_gpu("a training step on the GPU");
+}
+std::unique_ptr<Allreduce> make_device_allreduce(Comm&, const AllreduceConfig&, const Context&) {
+  no_gpu("averaging device memory");
+}
+std::unique_ptr<GradSync> make_stream_grad_sync(float*, std::vector<Bucket>, Allreduce&, bool,
+                                                const Context&) {
+  no_gpu("averaging gradients on a GPU stream");
+}
+}  // namespace detail
+
+int64_t step_graph_captures(const StepWorkspace&) {
+  return 0;  // nothing is captured without a GPU
+}
+
+std::shared_ptr<const DeviceDataset> upload_dataset(const Dataset&, int64_t) {
+  no_gpu("a training set on the GPU");
+}
+
+int64_t device_dataset_bytes(const DeviceDataset&) {
+  no_gpu("a training set on the GPU");
 }
 
 EvalResult evaluate_batch_device(Model&, const Batch&, Context&) {
