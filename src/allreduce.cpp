@@ -53,11 +53,13 @@ class HostAllreduce final : public Allreduce {
         kind_(config.algorithm == AllreduceAlgorithm::kRing ? AllreduceKind::kHostRing
                                                             : AllreduceKind::kHostLibrary),
         ring_(config.ring),
+        phase_(config.phase),
         delay_ms_(config.test_delay_ms) {
     detail::check_ring_options(ring_);
   }
 
   void run(float* data, size_t count, ReduceOp op) override {
+    if (phase_ != nullptr) comm_.board().set_phase(phase_);
     if (delay_ms_ > 0)
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms_));
     if (kind_ == AllreduceKind::kHostRing) {
@@ -82,6 +84,7 @@ class HostAllreduce final : public Allreduce {
   Comm& comm_;
   AllreduceKind kind_;
   RingOptions ring_;
+  const char* phase_;
   double delay_ms_;
   RingScratch scratch_;
 };

@@ -159,6 +159,11 @@ TEST_CASE("flag rules: strategy flags, test ranks and device needs", "[run_plan]
   ps.strategy = Strategy::kParameterServers;
   ps.num_ps = 2;
   CHECK(code_of([&] { check_flag_combinations(ps, 2); }) == ExitCode::kUsage);  // no worker
+  ps.flags_given = {"--allreduce"};  // the servers average nothing: refused, not ignored
+  CHECK(code_of([&] { check_flag_combinations(ps, 4); }) == ExitCode::kUsage);
+  Options local = o;
+  local.flags_given = {"--allreduce", "--average-every"};
+  check_flag_combinations(local, 2);  // local SGD's parameter averages obey it
   Options test_rank;
   test_rank.test_fail_rank = 3;
   CHECK(code_of([&] { check_flag_combinations(test_rank, 3); }) == ExitCode::kUsage);

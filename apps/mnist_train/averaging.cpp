@@ -17,6 +17,8 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
                                        AllreduceConfig{.algorithm = o.allreduce,
                                                        .device = ctx.device,
                                                        .timeout_s = o.collective_timeout + 30.0,
+                                                       .phase = local_sgd ? nullptr
+                                                                          : "gradient allreduce",
                                                        .test_delay_ms = o.test_comm_delay_ms},
                                        ctx);
   Allreduce& allreduce = *averaging.allreduce;

@@ -57,4 +57,20 @@ void CheckpointWriter::save(const Checkpoint& c, const std::string& note) {
   metrics_.write("checkpoint", {{"step", c.step}, {"path", path}});
 }
 
+bool CheckpointSchedule::due(int64_t done, bool replicas_equal) {
+  const bool by_count = every_ > 0 && done % every_ == 0;
+  const bool by_time =
+      secs_ > 0 &&
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_time_).count() >=
+          secs_;
+  const bool due = by_count || by_time || pending_;
+  pending_ = due && !replicas_equal;
+  return due && replicas_equal;
+}
+
+void CheckpointSchedule::written(int64_t done) {
+  last_time_ = std::chrono::steady_clock::now();
+  last_step_ = done;
+}
+
 }  // namespace ringtrain::app

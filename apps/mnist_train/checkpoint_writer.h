@@ -3,6 +3,7 @@
 // test's kill point), and its log line and metrics record.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,6 +45,27 @@ class CheckpointWriter {
   const Options& o_;
   MetricsWriter& metrics_;
   std::optional<CheckpointDir> dir_;
+};
+
+// When the ring's loop writes: every --checkpoint-every steps, every --checkpoint-secs, and
+// under local SGD at the first parameter average after a write fell due (the chief's replica
+// is the job's whole state only then).
+class CheckpointSchedule {
+ public:
+  CheckpointSchedule(const Options& o, int64_t start_step)
+      : every_(o.checkpoint_every), secs_(o.checkpoint_secs), last_step_(start_step) {}
+  // Call once per step: whether a write is due after step `done`, where `replicas_equal` says
+  // whether the replicas are identical now.
+  bool due(int64_t done, bool replicas_equal);
+  void written(int64_t done);
+  int64_t last_written() const { return last_step_; }
+
+ private:
+  int64_t every_;
+  double secs_;
+  int64_t last_step_;
+  std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
+  bool pending_ = false;
 };
 
 }  // namespace ringtrain::app

@@ -26,6 +26,10 @@ void check_flag_combinations(Options& o, int ranks) {
                 flag == "--max-staleness"))
       usage(
           fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag, strategy));
+    if (ps && flag == "--allreduce")
+      usage(
+          "--allreduce chooses how the ring and local SGD average; --strategy ps averages "
+          "nothing (the workers push their gradients to the servers)");
     if (!local_sgd && flag == "--average-every")
       usage(
           fmt::format("--average-every is a flag of --strategy local-sgd (this run: --strategy "

@@ -185,21 +185,10 @@ const char* to_string(LrScaling scaling) {
   return scaling == LrScaling::kLinear ? "linear" : "none";
 }
 
-void add_flags(CLI::App& app, Options& o) {
-  // The testing-only flags (hidden, so their checks name them): a rank number or a step number,
-  // -1 for none, and sleeps of up to a week in milliseconds.
-  const auto test_option = [&app](const char* flag, auto& value, const char* help) {
-    return app.add_option(flag, value, help)->group("");
-  };
-  const auto test_rank = [&](const char* flag, int& value, const char* help) {
-    return test_option(flag, value, help)->check(whole_number<int>(-1, kMaxRanks, flag));
-  };
-  const auto test_step = [&](const char* flag, int64_t& value, const char* help) {
-    return test_option(flag, value, help)->check(whole_number<int64_t>(-1, kMaxSteps, flag));
-  };
-  const auto test_ms = [&](const char* flag, double& value, const char* help) {
-    return test_option(flag, value, help)->check(real_number<double>({0, kWeekS * 1000}, flag));
-  };
+namespace {
+
+// The data, the model, the batch, the optimizer and its schedule, the seed.
+void add_training_flags(CLI::App& app, Options& o) {
   app.add_option("--data-dir", o.data_dir,
                  "Folder with the four MNIST-format IDX files (.gz or plain). Default: "
                  "$RINGTRAIN_DATA, else data/mnist, else Debian's Fashion-MNIST");
@@ -251,6 +240,14 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(real_number<float>(kUnit));
   app.add_option("--seed", o.seed, "Seed for initial weights and data order")->check(seed_number());
   app.add_option("--threads", o.threads, "CPU math threads")->check(whole_number<int>(1, 1024));
+  add_choice(app, "--lr-scaling", o.lr_scaling,
+             {{"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}},
+             "linear: the rate ramps from --lr to --lr x ranks over --warmup-epochs or "
+             "--warmup-steps (Goyal et al.)");
+}
+
+// Where and how each rank computes.
+void add_device_flags(CLI::App& app, Options& o) {
   app.add_option("--device", o.device,
                  "Where to train: cuda (the GPU given by this rank's local rank), cpu, or auto "
                  "(cuda when this build has the GPU path and a GPU is visible, else cpu)")
@@ -266,6 +263,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_flag("--data-on-gpu", o.data_on_gpu,
                "GPU: copy the training set to the GPU once and gather each batch there (no "
                "image upload per step; the same batches, bit for bit)");
+}
+
+// What the run reports and writes, and how often.
+void add_output_flags(CLI::App& app, Options& o) {
   app.add_option("--log-every", o.log_every, "Steps between progress lines (0: none)")
       ->check(whole_number<int64_t>(0, kMaxSteps));
   app.add_option("--eval-every", o.eval_every,
@@ -278,6 +279,14 @@ void add_flags(CLI::App& app, Options& o) {
                  "Write the final flat parameter buffer here (RTPARAMS format)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.add_option("--check-replicas", o.check_replicas,
+                 "Every K steps (and at the end), check that all ranks hold identical "
+                 "parameters (0: only at the end)")
+      ->check(whole_number<int64_t>(0, kMaxSteps));
+}
+
+// How the gradients are averaged.
+void add_averaging_flags(CLI::App& app, Options& o) {
   add_choice(app, "--allreduce", o.allreduce,
              {{"ring", AllreduceAlgorithm::kRing}, {"mpi", AllreduceAlgorithm::kLibrary}},
              "Averaging (of the gradients; under local-sgd of the parameters): ring (ours) or "
@@ -299,14 +308,10 @@ void add_flags(CLI::App& app, Options& o) {
                  "Size of the first (last layers') bucket in MB: small, so communication starts "
                  "early")
       ->check(real_number<double>({0, kMaxFactor}));
-  add_choice(app, "--lr-scaling", o.lr_scaling,
-             {{"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}},
-             "linear: the rate ramps from --lr to --lr x ranks over --warmup-epochs or "
-             "--warmup-steps (Goyal et al.)");
-  app.add_option("--check-replicas", o.check_replicas,
-                 "Every K steps (and at the end), check that all ranks hold identical "
-                 "parameters (0: only at the end)")
-      ->check(whole_number<int64_t>(0, kMaxSteps));
+}
+
+// The strategies beside the ring: parameter servers and local SGD.
+void add_strategy_flags(CLI::App& app, Options& o) {
   add_choice(app, "--strategy", o.strategy,
              {{"ring", Strategy::kRing},
               {"ps", Strategy::kParameterServers},
@@ -331,6 +336,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--average-every", o.average_every,
                  "--strategy local-sgd: steps between parameter averages (1: every step)")
       ->check(whole_number<int64_t>(1, kMaxSteps));
+}
+
+// Checkpoints, resuming, the watchdog and the NaN guard.
+void add_failure_flags(CLI::App& app, Options& o) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Write checkpoints here (the chief, rank 0, writes) and resume from them");
   app.add_option("--checkpoint-every", o.checkpoint_every,
@@ -354,6 +363,23 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--max-bad-steps", o.max_bad_steps,
                  "--check-finite: stop the job after this many consecutive skipped steps")
       ->check(whole_number<int64_t>(1, kMaxSteps));
+}
+
+// The testing-only flags (hidden, so their checks name them): a rank number or a step number,
+// -1 for none, and sleeps of up to a week in milliseconds.
+void add_test_flags(CLI::App& app, Options& o) {
+  const auto test_option = [&app](const char* flag, auto& value, const char* help) {
+    return app.add_option(flag, value, help)->group("");
+  };
+  const auto test_rank = [&](const char* flag, int& value, const char* help) {
+    return test_option(flag, value, help)->check(whole_number<int>(-1, kMaxRanks, flag));
+  };
+  const auto test_step = [&](const char* flag, int64_t& value, const char* help) {
+    return test_option(flag, value, help)->check(whole_number<int64_t>(-1, kMaxSteps, flag));
+  };
+  const auto test_ms = [&](const char* flag, double& value, const char* help) {
+    return test_option(flag, value, help)->check(real_number<double>({0, kWeekS * 1000}, flag));
+  };
   app.add_option("--test-kill-in-checkpoint", o.test_kill_in_checkpoint,
                  "Testing only: the chief kills itself (SIGKILL) at this point of a checkpoint "
                  "write...")
@@ -399,6 +425,18 @@ void add_flags(CLI::App& app, Options& o) {
   test_ms("--test-long-compute-ms", o.test_long_compute_ms,
           "Testing only (--strategy ps): every worker step computes at least this long "
           "(more forward passes, each layer reporting progress)");
+}
+
+}  // namespace
+
+void add_flags(CLI::App& app, Options& o) {
+  add_training_flags(app, o);
+  add_device_flags(app, o);
+  add_output_flags(app, o);
+  add_averaging_flags(app, o);
+  add_strategy_flags(app, o);
+  add_failure_flags(app, o);
+  add_test_flags(app, o);
 }
 
 void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images) {

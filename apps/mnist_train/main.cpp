@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "averaging.h"
+#include "batch_feed.h"
 #include "checkpoint_writer.h"
 #include "evaluation.h"
 #include "finite_guard.h"
@@ -29,6 +30,7 @@
 #include "local_sgd.h"
 #include "options.h"
 #include "ps_strategy.h"
+#include "replica.h"
 #include "reporting.h"
 #include "resume.h"
 #include "ringtrain/check.h"
@@ -146,51 +148,37 @@ int report_preemption(const Job& job, int signal, int64_t step, bool saved,
   return static_cast<int>(ExitCode::kPreempted);
 }
 
-// The ring's (and local SGD's) training, from the optimizer to the summary.
+// What every checkpoint of this run says about it.
+CheckpointHeader checkpoint_header(const Job& job, const Optimizer& optimizer) {
+  return CheckpointHeader{.model = job.o.model,
+                          .layers = job.model.signature(),
+                          .num_params = job.model.num_params(),
+                          .steps_per_epoch = job.plan.steps_per_epoch,
+                          .seed = job.o.seed,
+                          .global_batch = job.plan.global_batch,
+                          .ranks = job.comm.size(),
+                          .schedule = job.plan.schedule,
+                          .optimizer = optimizer.name()};
+}
+
+// --test-perturb-rank: one parameter nudged, so that the replica check must catch it.
+void perturb_for_test(Model& model) {
+  std::vector<float> host = model.params_to_host();
+  host.back() += 1e-3f;
+  model.params_from_host(host);
+}
+
+// The ring's (and local SGD's) training, from the replica's start to the summary.
 int train(const Job& job) {
   const Options& o = job.o;
   MpiComm& comm = job.comm;
   Model& model = job.model;
-  Context& ctx = job.ctx;
   const RunPlan& plan = job.plan;
   const int rank = comm.rank(), ranks = comm.size();
-  const bool on_gpu = ctx.device == Device::kCuda;
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(o.optimizer, model.num_params(), ctx);
-  if (job.resumed) {
-    check_checkpoint_fits(*job.resumed, o, model, *optimizer, optimizer->state().size());
-    if (rank == 0 &&
-        describe_schedule(job.resumed->schedule) != describe_schedule(plan.schedule))
-      spdlog::warn(
-          "the checkpoint's learning-rate schedule ({}) differs from this run's ({}); "
-          "continuing with this run's",
-          describe_schedule(job.resumed->schedule), describe_schedule(plan.schedule));
-    load_checkpoint_state(*job.resumed, model, *optimizer);
-  } else {
-    // The chief initialises; everyone starts from its bits.
-    if (rank == 0) model.init_params(o.seed);
-    broadcast_params(comm, model);
-  }
-  std::optional<WeightEma> ema;
-  if (o.ema_decay > 0.0f) {
-    // On a GPU the average is device memory, updated on the compute stream after each step.
-    if (on_gpu) {
-      ema.emplace(o.ema_decay, model.params().data(), model.num_params(), ctx.stream);
-    } else {
-      ema.emplace(o.ema_decay,
-                  std::span<const float>(model.params().data(),
-                                         static_cast<size_t>(model.num_params())));
-    }
-    if (job.resumed && !job.resumed->ema_shadow.empty()) {
-      ema->restore(job.resumed->ema_shadow, job.resumed->ema_updates);
-    } else if (job.resumed && rank == 0) {
-      spdlog::warn("the checkpoint keeps no weight average; the EMA starts from step {}",
-                   plan.start_step);
-    }
-  } else if (job.resumed && !job.resumed->ema_shadow.empty() && rank == 0) {
-    spdlog::warn("the checkpoint keeps a weight average, but --ema-decay is 0: it is dropped");
-  }
+  Replica replica = start_replica(o, plan, comm, model, job.ctx, job.resumed);
+  Optimizer& optimizer = *replica.optimizer;
+  WeightEma* const ema = replica.ema ? &*replica.ema : nullptr;
   spdlog::info("model {}:\n{}", o.model, model.summary());
-
   // Only the chief writes files; the others would write the same lines.
   MetricsWriter metrics = o.metrics_out.empty() || rank != 0
                               ? MetricsWriter()
@@ -200,38 +188,16 @@ int train(const Job& job) {
       "lr {} ({}), {} thread(s) per rank, seed {}",
       plan.total_steps, plan.steps_per_epoch,
       plan.start_step > 0 ? fmt::format(" from step {}", plan.start_step) : std::string(), ranks,
-      plan.batch_size, plan.global_batch, optimizer->name(), plan.schedule.base_lr,
+      plan.batch_size, plan.global_batch, optimizer.name(), plan.schedule.base_lr,
       plan.schedule.kind, o.threads, o.seed);
-  Averaging averaging = make_averaging(o, plan, comm, model, ctx);
+  Averaging averaging = make_averaging(o, plan, comm, model, job.ctx);
   GradSync* const grad_sync = averaging.grad_sync.get();
   LocalSgd local_sgd(o.strategy == Strategy::kLocalSgd ? averaging.allreduce.get() : nullptr,
                      o.average_every, plan.total_steps);
-  const bool parameter_averages = o.strategy == Strategy::kLocalSgd && ranks > 1;
-
+  // Between averages local-sgd replicas differ by design: they are checked after an average.
+  const bool replicas_drift = o.strategy == Strategy::kLocalSgd && ranks > 1;
   CheckpointWriter checkpoints(o, metrics, comm.board());
-  const CheckpointHeader header{.model = o.model,
-                                .layers = model.signature(),
-                                .num_params = model.num_params(),
-                                .steps_per_epoch = plan.steps_per_epoch,
-                                .seed = o.seed,
-                                .global_batch = plan.global_batch,
-                                .ranks = ranks,
-                                .schedule = plan.schedule,
-                                .optimizer = optimizer->name()};
-  // The chief writes its replica: every replica holds the same bits.
-  const auto write_checkpoint = [&](int64_t done) {
-    if (!checkpoints.enabled() || rank != 0) return;
-    Checkpoint c = checkpoint_at(header, done);
-    c.params = model.params_to_host();  // explicit copies from either device
-    c.optimizer_steps = optimizer->steps_taken();
-    c.optimizer_state = state_to_host(*optimizer);
-    if (ema) {
-      c.ema_decay = ema->decay();
-      c.ema_updates = ema->updates();
-      c.ema_shadow = ema->shadow_to_host();
-    }
-    checkpoints.save(c);
-  };
+  const CheckpointHeader header = checkpoint_header(job, optimizer);
   FiniteGuard guard(o, comm);
   const BeforeUpdateFn before_update = guard.hook();
   // On an error, abort NCCL before anything declared above is destroyed: freeing device
@@ -241,78 +207,38 @@ int train(const Job& job) {
   // Preemption: a stop requested by a signal on any rank is agreed on at a step boundary, the
   // same on every rank (preemption.h).
   StopAgreement stop_agreement(comm);
-  int stop_signal = 0;        // agreed by every rank: a stop at the next step boundary
-  int64_t preempted_at = -1;  // the step after which a requested stop ended the loop
-  EpochSampler sampler(job.data.train.count, o.seed);
-  Batch batch, eval_scratch;
-  Batch next_batch;              // device steps: the next step's batch, made meanwhile
-  int64_t next_batch_step = -1;  // the step whose batch next_batch holds (-1: none)
-  Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
-  // --data-on-gpu: the training set's bytes on the GPU, each batch gathered there.
-  std::shared_ptr<const DeviceDataset> device_train;
-  if (o.data_on_gpu) {
-    device_train = upload_dataset(job.data.train, model.output_shape().numel());
-    spdlog::info("data: the training set is on the GPU ({:.1f} MB); batches are gathered there",
-                 static_cast<double>(device_dataset_bytes(*device_train)) / 1e6);
-  }
-  int64_t current_step = plan.start_step;
-  const auto batch_of = [&](int64_t step) {
-    return rank_batch(sampler.order(step / plan.steps_per_epoch), step % plan.steps_per_epoch,
-                      plan.batch_size, rank, ranks);
-  };
+  int stop_signal = 0;  // agreed by every rank: a stop at the next step boundary
+  BatchFeed feed(o, plan, job.data.train, model, rank, ranks);
   StepWorkspace workspace;
   workspace.cuda_graph = o.cuda_graphs;
-  // A device step with host batches makes the next step's batch while the GPU runs the
-  // current one: the same batch the top of the next iteration would make (the order is a
-  // function of the epoch). Set once: nothing is allocated per step.
-  if (on_gpu && !device_train) {
-    workspace.while_device_runs = [&] {
-      const int64_t next = current_step + 1;
-      if (next >= plan.total_steps) return;
-      make_batch(job.data.train, batch_of(next), next_batch.images, next_batch.labels);
-      next_batch_step = next;
-    };
-  }
+  feed.attach(workspace);
+  Batch eval_scratch;
+  Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
   RingTotals totals{.run = {.start_step = plan.start_step, .global_batch = plan.global_batch},
                     .buckets = grad_sync ? static_cast<int64_t>(grad_sync->buckets().size()) : 0,
-                    .ema = ema.has_value(),
+                    .ema = ema != nullptr,
                     .overlap = plan.grad_sync.overlap};
   ProgressBar progress(rank == 0 ? plan.total_steps - std::min(plan.start_step, plan.total_steps)
                                  : 0);
   const bool show_progress = rank == 0 && progress.enabled();
   TrainWindow window;
   double& train_seconds = totals.run.train_seconds;
-  auto last_checkpoint_time = Clock::now();
-  int64_t last_checkpoint_step = plan.start_step;
-  bool pending_checkpoint = false;  // local-sgd: a checkpoint is due at the next average
+  CheckpointSchedule schedule(o, plan.start_step);
 
   if (plan.start_step >= plan.total_steps && rank == 0)
     spdlog::info("the checkpoint is at step {}, the run ends at {}: nothing left to train",
                  plan.start_step, plan.total_steps);
   for (int64_t step = plan.start_step; step < plan.total_steps; ++step) {
     comm.board().set_step(step);
-    current_step = step;
     guard.set_step(step);
     inject_test_failures(o, rank, step);
     if (rank == o.test_preempt_rank && step == o.test_preempt_at_step) request_preemption(SIGTERM);
     stop_agreement.start(preemption_signal());
     const auto start = Clock::now();
     const int64_t epoch = step / plan.steps_per_epoch;
-    const auto indices = batch_of(step);
-    if (device_train) {
-      // gathered on the GPU from `indices`
-    } else if (next_batch_step == step) {  // made while the GPU ran the previous step
-      std::swap(batch, next_batch);
-    } else {
-      make_batch(job.data.train, indices, batch.images, batch.labels);
-    }
-    if (rank == o.test_nan_rank &&
-        std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())
-      batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(plan.schedule, step);
-    const StepInput input = device_train ? StepInput(*device_train, indices) : StepInput(batch);
-    StepStats stats =
-        train_step(model, *optimizer, input, lr, workspace, ctx, grad_sync, before_update);
+    StepStats stats = train_step(model, optimizer, feed.input(step), lr, workspace, job.ctx,
+                                 grad_sync, before_update);
     // Every rank learns here whether any rank asked to stop, so all stop after the same step:
     // this one, or under local-sgd the next parameter average (a step where the replicas, and
     // so the checkpoint, are the job's whole state: an extra average would change the result).
@@ -321,7 +247,7 @@ int train(const Job& job) {
     const bool averaged = local_sgd.due(step);
     if (averaged) {
       const PhaseScope phase(comm.board(), "parameter average");
-      stats.comm.comm_ms = stats.comm.exposed_ms = local_sgd.average(model, *optimizer);
+      stats.comm.comm_ms = stats.comm.exposed_ms = local_sgd.average(model, optimizer);
     }
     if (ema && stats.updated) {
       const Tensor& params = model.params();
@@ -332,7 +258,6 @@ int train(const Job& job) {
     // A device step's time comes from CUDA events on the compute stream.
     totals.times.add(stats.device_ms.value_or(step_seconds * 1000.0), stats.comm);
     if (stats.graph_replayed.value_or(false)) ++totals.graph_steps;
-
     if (!o.check_finite && !std::isfinite(stats.loss))
       throw Error(fmt::format("rank {}: the loss became {} at step {}: lower --lr (now {}), check "
                               "the data, or pass --check-finite to skip such steps",
@@ -343,13 +268,8 @@ int train(const Job& job) {
       totals.last_loss = stats.loss;
     }
     const int64_t done = step + 1;
-    if (done == 1 && rank == o.test_perturb_rank) {
-      std::vector<float> host = model.params_to_host();
-      host.back() += 1e-3f;
-      model.params_from_host(host);
-    }
-    // Between averages local-sgd replicas differ by design: they are checked after an average.
-    const bool replicas_equal = !parameter_averages || averaged;
+    if (done == 1 && rank == o.test_perturb_rank) perturb_for_test(model);
+    const bool replicas_equal = !replicas_drift || averaged;
     const bool stopping = stop_signal != 0 && replicas_equal && done < plan.total_steps;
     if (o.check_replicas > 0 && done % o.check_replicas == 0 && replicas_equal)
       check_replicas(comm, model, done);
@@ -365,42 +285,31 @@ int train(const Job& job) {
                     metrics);
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != plan.total_steps &&
         replicas_equal) {
-      const EvalResult eval = evaluate_test(comm, model, job.data.test, o.eval_batch,
-                                            ema ? &*ema : nullptr, eval_scratch, ctx, ema_swap);
+      const EvalResult eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema,
+                                            eval_scratch, job.ctx, ema_swap);
       report_eval(done, eval, train_seconds, !show_progress, metrics);
     }
-    const bool by_count = o.checkpoint_every > 0 && done % o.checkpoint_every == 0;
-    const bool by_time =
-        o.checkpoint_secs > 0 &&
-        std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
-            o.checkpoint_secs;
-    // local-sgd puts a checkpoint off to the next average: the chief's replica is the job's
-    // whole state only then.
-    const bool due = by_count || by_time || pending_checkpoint;
-    pending_checkpoint = due && !replicas_equal;
-    // The state a preemption leaves is checked first: the next run starts from it.
+    // Checked before a write: the next run starts from it.
+    const bool write = schedule.due(done, replicas_equal) || stopping;
     if (stopping) check_replicas(comm, model, done);
-    if (checkpoints.enabled() && ((due && replicas_equal) || stopping) &&
-        done != plan.total_steps) {
-      write_checkpoint(done);
-      last_checkpoint_time = Clock::now();
-      last_checkpoint_step = done;
+    if (checkpoints.enabled() && write && done != plan.total_steps) {
+      // The chief writes its replica: every replica holds the same bits.
+      if (rank == 0) checkpoints.save(replica_checkpoint(header, done, model, replica));
+      schedule.written(done);
     }
     if (stopping) {
-      preempted_at = done;
-      break;
+      if (show_progress) progress.finish();
+      return report_preemption(job, stop_signal, done, checkpoints.enabled(), metrics);
     }
   }
   if (show_progress) progress.finish();
-  if (preempted_at >= 0)
-    return report_preemption(job, stop_signal, preempted_at, checkpoints.enabled(), metrics);
   comm.board().set_step(plan.total_steps);
   check_replicas(comm, model, plan.total_steps);  // always once: replicas must end identical
-  if (checkpoints.enabled() && last_checkpoint_step != plan.total_steps)
-    write_checkpoint(plan.total_steps);
+  if (checkpoints.enabled() && schedule.last_written() != plan.total_steps && rank == 0)
+    checkpoints.save(replica_checkpoint(header, plan.total_steps, model, replica));
 
-  totals.eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema ? &*ema : nullptr,
-                              eval_scratch, ctx, ema_swap);
+  totals.eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema, eval_scratch,
+                              job.ctx, ema_swap);
   totals.run.trained_steps = std::max<int64_t>(0, plan.total_steps - plan.start_step);
   totals.skipped_steps = guard.skipped_steps();
   totals.graph_captures = step_graph_captures(workspace);
@@ -520,7 +429,8 @@ int main(int argc, char** argv) {
   }
   options.batch_size_given = app.count("--batch-size") > 0;
   for (const char* flag :
-       {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness", "--average-every"}) {
+       {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness", "--average-every",
+        "--allreduce"}) {
     if (app.count(flag) > 0) options.flags_given.emplace_back(flag);
   }
   // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.

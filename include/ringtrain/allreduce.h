@@ -60,6 +60,9 @@ struct AllreduceConfig {
   // Device kinds: how long a wait for the streams may go without progress (the host
   // transport's deadline is the natural value).
   double timeout_s = 90.0;
+  // What each run() posts as the phase on the host communicator's progress board, for the
+  // watchdog's reports ("gradient allreduce"); a string literal. Null: the caller's phase.
+  const char* phase = nullptr;
   // Host kinds, tests only: each run() first sleeps this long (a slowed transport, so that the
   // overlap tests can see communication hide behind backward).
   double test_delay_ms = 0.0;

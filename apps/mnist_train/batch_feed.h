@@ -1,0 +1,47 @@
+// This rank's input, step by step: its slice of each global batch (rank_batch over the
+// epoch's shuffled order, the same on every rank). On a GPU with host batches the next step's
+// batch is made while the device runs the current one; with --data-on-gpu the training set is
+// on the GPU and a step gets only the sample indices.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "options.h"
+#include "ringtrain/data.h"
+#include "ringtrain/model.h"
+#include "ringtrain/train.h"
+#include "run_plan.h"
+
+namespace ringtrain::app {
+
+class BatchFeed {
+ public:
+  BatchFeed(const Options& o, const RunPlan& plan, const Dataset& train, const Model& model,
+            int rank, int ranks);
+  BatchFeed(const BatchFeed&) = delete;
+  BatchFeed& operator=(const BatchFeed&) = delete;
+  // A device step with host batches makes the next batch in workspace.while_device_runs (set
+  // once: nothing is allocated per step).
+  void attach(StepWorkspace& workspace);
+  // The input of `step` (valid until the next call). --test-nan-rank's NaN goes in here.
+  StepInput input(int64_t step);
+
+ private:
+  std::span<const int64_t> indices_of(int64_t step);
+
+  const Options& o_;
+  const RunPlan& plan_;
+  const Dataset& train_;
+  int rank_, ranks_;
+  bool on_gpu_;
+  EpochSampler sampler_;
+  Batch batch_;
+  Batch next_batch_;             // device steps: the next step's batch, made meanwhile
+  int64_t next_batch_step_ = -1;  // the step whose batch next_batch_ holds (-1: none)
+  int64_t current_step_ = -1;
+  std::shared_ptr<const DeviceDataset> device_train_;  // --data-on-gpu
+};
+
+}  // namespace ringtrain::app
