@@ -60,6 +60,10 @@ struct AllreduceConfig {
   // Device kinds: how long a wait for the streams may go without progress (the host
   // transport's deadline is the natural value).
   double timeout_s = 90.0;
+  // Device kinds: the host-staged ring even where every rank has a GPU of its own (ranks that
+  // share one get it whatever this says). Only allreduce_bench --backend staged wants it: a
+  // trainer with its own GPUs is better served by NCCL.
+  bool host_staged = false;
   // Host kinds, tests only: each run() first sleeps this long (a slowed transport, so that the
   // overlap tests can see communication hide behind backward).
   double test_delay_ms = 0.0;
