@@ -2,9 +2,7 @@
 #include "ringtrain/distributed.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -85,24 +83,6 @@ void check_replicas(Comm& comm, const Model& model, int64_t step) {
                   "rank 0's, first in {} (layer {}); the ranks must run the same binary, flags "
                   "and data",
                   step, diverged, views[first_view].name, views[first_view].layer);
-}
-
-GradBucketer::ReduceFn make_bucket_reduce(Comm& comm, const std::string& algorithm,
-                                          RingScratch& scratch, double delay_ms) {
-  RINGTRAIN_CHECK(algorithm == "ring" || algorithm == "mpi",
-                  "--allreduce '{}' is unknown: use ring or mpi", algorithm);
-  const bool ring = algorithm == "ring";
-  return [&comm, &scratch, ring, delay_ms](float* data, int64_t count) {
-    comm.board().set_phase("gradient allreduce");
-    if (delay_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
-    }
-    if (ring) {
-      ring_allreduce(comm, data, static_cast<size_t>(count), ReduceOp::kAvg, scratch);
-    } else {
-      comm.allreduce_library(data, static_cast<size_t>(count), ReduceOp::kAvg);
-    }
-  };
 }
 
 void check_config_consistency(Comm& comm, const std::vector<ConfigField>& fields) {

@@ -19,9 +19,11 @@ static_assert(std::endian::native == std::endian::little,
               "the parameter file is little-endian; add byte swapping for big-endian hosts");
 
 StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
-                            Context& ctx, GradBucketer* bucketer) {
+                            Context& ctx, GradSync* sync) {
   RINGTRAIN_CHECK(ctx.device == Device::kCpu,
-                  "compute_gradients runs on the CPU; a device step is train_step_device");
+                  "compute_gradients runs on the CPU; a device step is train_step");
+  RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
+                  "a CPU step averages host gradients: its GradSync must be the host engine");
   const Tensor& logits = model.forward(batch.images, ctx);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
@@ -29,26 +31,26 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
   stats.samples = rows;
   stats.loss = softmax_xent(logits.data(), batch.labels.data(), workspace.dlogits.data(), rows,
                             classes, &stats.correct);
-  if (bucketer != nullptr) {
-    bucketer->begin_backward();
-    model.backward(workspace.dlogits, ctx,
-                   [bucketer](const GradRange& range) { bucketer->mark_ready(range); });
-    stats.comm = bucketer->wait();
+  if (sync != nullptr) {
+    sync->begin_backward();
+    model.backward(workspace.dlogits, ctx, [sync](const GradRange& range) { sync->mark_ready(range); });
+    sync->finish();
+    stats.comm = sync->stats();
   } else {
     model.backward(workspace.dlogits, ctx);
   }
   return stats;
 }
 
-StepStats train_step(Model& model, Optimizer& optimizer, const Batch& batch, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradBucketer* bucketer,
+StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
+                     StepWorkspace& workspace, Context& ctx, GradSync* sync,
                      const BeforeUpdateFn& before_update) {
-  if (ctx.device == Device::kCuda) {
-    RINGTRAIN_CHECK(bucketer == nullptr,
-                    "a device step averages with a DeviceGradBucketer, not a GradBucketer");
-    return train_step_device(model, optimizer, batch, lr, workspace, ctx, nullptr, before_update);
-  }
-  StepStats stats = compute_gradients(model, batch, workspace, ctx, bucketer);
+  if (ctx.device == Device::kCuda)
+    return detail::train_step_device(model, optimizer, input, lr, workspace, ctx, sync,
+                                     before_update);
+  RINGTRAIN_CHECK(input.batch != nullptr,
+                  "a CPU step trains on a host batch; a device data set needs a CUDA context");
+  StepStats stats = compute_gradients(model, *input.batch, workspace, ctx, sync);
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
   if (before_update && !before_update(stats, {grads.data(), static_cast<size_t>(grads.numel())})) {

@@ -7,9 +7,11 @@
 #include <catch2/catch.hpp>
 
 #include "ringtrain/data.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/train.h"
+#include "support/fn_allreduce.h"
 
 extern "C" {
 void* __libc_malloc(size_t size);
@@ -78,15 +80,16 @@ TEST_CASE("a steady-state training step allocates nothing", "[train]") {
       // Through the overlap engine too: handing buckets to the communication thread must not
       // allocate either (the reduction here only counts).
       int64_t reductions = 0;
-      GradBucketer bucketer(
-          model->grads().data(), assign_buckets(model->grad_ranges(), 1, 1),
-          [&reductions](float*, int64_t) { ++reductions; }, true);
+      testing::FnAllreduce counting([&reductions](float*, int64_t) { ++reductions; });
+      const std::unique_ptr<GradSync> sync = make_grad_sync(
+          model->grads().data(), model->grad_ranges(), counting,
+          {.first_bucket_elements = 1, .bucket_elements = 1, .overlap = true}, ctx);
       const auto step = [&](int64_t s) {
         for (size_t i = 0; i < indices.size(); ++i) {
           indices[i] = (s * 64 + static_cast<int64_t>(i)) % data.count;
         }
         make_batch(data, indices, batch.images, batch.labels);
-        train_step(*model, *opt, batch, 0.01f, workspace, ctx, &bucketer);
+        train_step(*model, *opt, batch, 0.01f, workspace, ctx, sync.get());
       };
       for (int64_t s = 0; s < 2; ++s) step(s);  // sizes every buffer
       g_allocations = 0;

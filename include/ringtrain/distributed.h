@@ -33,12 +33,6 @@ EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64
 // message) naming the ranks that differ from rank 0 and the first parameter that differs.
 void check_replicas(Comm& comm, const Model& model, int64_t step);
 
-// The bucket reduction for the overlap engine: average in place with the ring ("ring") or the
-// library's allreduce ("mpi"). delay_ms > 0 sleeps that long per bucket first: a slowed
-// transport for the overlap tests, never for real runs.
-GradBucketer::ReduceFn make_bucket_reduce(Comm& comm, const std::string& algorithm,
-                                          RingScratch& scratch, double delay_ms);
-
 // One setting that every rank must share (the model, the per-rank batch, the seed, the data
 // sizes, the code version, ...), as text.
 struct ConfigField {

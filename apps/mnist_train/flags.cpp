@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -18,7 +19,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "mnist_train.h"
+#include "options.h"
 #include "ringtrain/check.h"
 
 namespace ringtrain::app {
@@ -139,7 +140,50 @@ CLI::Validator real_number(Interval in, const std::string& hidden_flag = "") {
 
 const Interval kUnit{0, 1, false, true};  // [0, 1): momentum, betas, decays
 
+// A choice flag whose value is an enum: the names are checked as CLI::IsMember checks them
+// (the same messages), then the enum is set.
+template <typename Enum>
+CLI::Option* add_choice(CLI::App& app, const std::string& flag, Enum& target,
+                        std::vector<std::pair<std::string, Enum>> names, const std::string& help) {
+  std::vector<std::string> accepted;
+  std::string current;
+  for (const auto& [name, value] : names) {
+    accepted.push_back(name);
+    if (value == target) current = name;
+  }
+  return app
+      .add_option_function<std::string>(
+          flag,
+          [&target, names](const std::string& given) {
+            for (const auto& [name, value] : names)
+              if (name == given) target = value;
+          },
+          help)
+      ->check(CLI::IsMember(accepted))
+      ->default_str(current);
+}
+
 }  // namespace
+
+const char* to_string(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kRing:
+      return "ring";
+    case Strategy::kParameterServers:
+      return "ps";
+    case Strategy::kLocalSgd:
+      return "local-sgd";
+  }
+  return "?";
+}
+
+const char* to_string(OverlapChoice choice) {
+  return choice == OverlapChoice::kAuto ? "auto" : choice == OverlapChoice::kOn ? "on" : "off";
+}
+
+const char* to_string(LrScaling scaling) {
+  return scaling == LrScaling::kLinear ? "linear" : "none";
+}
 
 void add_flags(CLI::App& app, Options& o) {
   // The testing-only flags (hidden, so their checks name them): a rank number or a step number,
@@ -215,10 +259,10 @@ void add_flags(CLI::App& app, Options& o) {
                "GPU, one rank: capture the step's upload, forward, loss and backward once as a "
                "CUDA graph and replay it (one launch per step instead of one per kernel; same "
                "results, bit for bit)");
-  app.add_option("--conv-impl", o.conv_impl,
-                 "GPU Conv2D and MaxPool2D: direct (our kernels, the CPU's summation order and "
-                 "pooling tie rule) or cudnn")
-      ->check(CLI::IsMember({"direct", "cudnn"}));
+  add_choice(app, "--conv-impl", o.conv_impl,
+             {{"direct", ConvImpl::kDirect}, {"cudnn", ConvImpl::kCudnn}},
+             "GPU Conv2D and MaxPool2D: direct (our kernels, the CPU's summation order and "
+             "pooling tie rule) or cudnn");
   app.add_flag("--data-on-gpu", o.data_on_gpu,
                "GPU: copy the training set to the GPU once and gather each batch there (no "
                "image upload per step; the same batches, bit for bit)");
@@ -234,17 +278,19 @@ void add_flags(CLI::App& app, Options& o) {
                  "Write the final flat parameter buffer here (RTPARAMS format)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-  app.add_option("--allreduce", o.allreduce,
-                 "Gradient averaging: ring (ours) or mpi (MPI_Allreduce)")
-      ->check(CLI::IsMember({"ring", "mpi"}));
-  auto* overlap = app.add_option(
-      "--overlap", o.overlap,
+  add_choice(app, "--allreduce", o.allreduce,
+             {{"ring", AllreduceAlgorithm::kRing}, {"mpi", AllreduceAlgorithm::kLibrary}},
+             "Averaging (of the gradients; under local-sgd of the parameters): ring (ours) or "
+             "mpi (the library's: MPI_Allreduce, or ncclAllReduce on a GPU)");
+  auto* overlap = add_choice(
+      app, "--overlap", o.overlap,
+      {{"auto", OverlapChoice::kAuto}, {"on", OverlapChoice::kOn}, {"off", OverlapChoice::kOff}},
       "Average gradients while backward runs: on, off, or auto (on unless this node's ranks "
       "x --threads already fill its cores, where the communication thread can only take "
       "cycles from backward)");
-  overlap->check(CLI::IsMember({"auto", "on", "off"}));
-  app.add_flag("--no-overlap", o.no_overlap,
-               "Average all gradients after backward (the baseline): --overlap off")
+  app.add_flag_callback(
+         "--no-overlap", [&o] { o.overlap = OverlapChoice::kOff; },
+         "Average all gradients after backward (the baseline): --overlap off")
       ->excludes(overlap);
   app.add_option("--fusion-threshold-mb", o.fusion_threshold_mb,
                  "Gradient bucket size in MB (0: one bucket for everything)")
@@ -253,26 +299,27 @@ void add_flags(CLI::App& app, Options& o) {
                  "Size of the first (last layers') bucket in MB: small, so communication starts "
                  "early")
       ->check(real_number<double>({0, kMaxFactor}));
-  app.add_option("--lr-scaling", o.lr_scaling,
-                 "linear: the rate ramps from --lr to --lr x ranks over --warmup-epochs or "
-                 "--warmup-steps (Goyal et al.)")
-      ->check(CLI::IsMember({"none", "linear"}));
+  add_choice(app, "--lr-scaling", o.lr_scaling,
+             {{"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}},
+             "linear: the rate ramps from --lr to --lr x ranks over --warmup-epochs or "
+             "--warmup-steps (Goyal et al.)");
   app.add_option("--check-replicas", o.check_replicas,
                  "Every K steps (and at the end), check that all ranks hold identical "
                  "parameters (0: only at the end)")
       ->check(whole_number<int64_t>(0, kMaxSteps));
-  app.add_option("--strategy", o.strategy,
-                 "ring: every rank a replica, gradients averaged by the ring (default); ps: the "
-                 "first --num-ps ranks are parameter servers, the rest workers; local-sgd: every "
-                 "rank steps alone and the parameters are averaged every --average-every steps")
-      ->check(CLI::IsMember({"ring", "ps", "local-sgd"}));
+  add_choice(app, "--strategy", o.strategy,
+             {{"ring", Strategy::kRing},
+              {"ps", Strategy::kParameterServers},
+              {"local-sgd", Strategy::kLocalSgd}},
+             "ring: every rank a replica, gradients averaged by the ring (default); ps: the "
+             "first --num-ps ranks are parameter servers, the rest workers; local-sgd: every "
+             "rank steps alone and the parameters are averaged every --average-every steps");
   app.add_option("--num-ps", o.num_ps, "--strategy ps: how many of the ranks are servers")
       ->check(whole_number<int>(1, kMaxRanks));
-  app.add_option("--ps-mode", o.ps_mode,
-                 "--strategy ps: sync (each update averages the first "
-                 "--replicas-to-aggregate gradients of the step) or async (each gradient is "
-                 "applied on arrival, at most --max-staleness updates old)")
-      ->check(CLI::IsMember({"sync", "async"}));
+  add_choice(app, "--ps-mode", o.ps_mode, {{"sync", PsMode::kSync}, {"async", PsMode::kAsync}},
+             "--strategy ps: sync (each update averages the first "
+             "--replicas-to-aggregate gradients of the step) or async (each gradient is "
+             "applied on arrival, at most --max-staleness updates old)");
   app.add_option("--replicas-to-aggregate", o.replicas_to_aggregate,
                  "--ps-mode sync: gradients per update (default: every worker; fewer leaves "
                  "backup workers, whose late gradients are dropped)")

@@ -1,5 +1,5 @@
 // mnist_train --strategy ps: the parameter-server strategy of the source documents (ps.h).
-// run() in mnist_train.cpp has loaded the data, built the model, checked the ranks'
+// run() in main.cpp has loaded the data, built the model, checked the ranks'
 // configurations and found the checkpoint; here each rank becomes a server or a worker.
 //
 // A server serves its shard until every worker is done. A worker runs the loop: its share of
@@ -14,7 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "mnist_train.h"
+#include "checkpoint_writer.h"
+#include "ps_strategy.h"
+#include "reporting.h"
+#include "resume.h"
+#include "test_faults.h"
 #include "ringtrain/check.h"
 #include "ringtrain/distributed.h"
 #include "ringtrain/log.h"
@@ -80,38 +84,33 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   const auto n = static_cast<size_t>(model.num_params());
   const std::span<float> params(model.params().data(), n);
   const std::span<const float> grads(model.grads().data(), n);
-  std::vector<int64_t> versions(servers, setup.start_step * plan.versions_per_step);
+  std::vector<int64_t> versions(servers, setup.plan.start_step * plan.versions_per_step);
   std::vector<uint8_t> push(servers, 1), accepted(servers, 0);
   PsClient client(channel, plan.layout, worker);
 
   MetricsWriter metrics = o.metrics_out.empty() || !chief
                               ? MetricsWriter()
-                              : MetricsWriter(o.metrics_out, /*append=*/setup.start_step > 0);
-  std::optional<CheckpointDir> checkpoints;
-  if (chief && !o.checkpoint_dir.empty()) checkpoints.emplace(o.checkpoint_dir, o.keep_checkpoints);
+                              : MetricsWriter(o.metrics_out, /*append=*/setup.plan.start_step > 0);
+  std::optional<CheckpointWriter> checkpoints;
+  if (chief && !o.checkpoint_dir.empty()) checkpoints.emplace(o, metrics, world.board());
+  const CheckpointHeader header{.model = o.model,
+                                .layers = model.signature(),
+                                .num_params = model.num_params(),
+                                .steps_per_epoch = setup.plan.steps_per_epoch,
+                                .seed = o.seed,
+                                .global_batch = setup.plan.global_batch,
+                                .ranks = workers,
+                                .schedule = setup.plan.schedule,
+                                .optimizer = plan.optimizer_name};
   // The chief writes the snapshots the servers sent: the shards of one version, assembled.
   int64_t last_written = -1;
   const auto write_checkpoints = [&](std::vector<PsSnapshot> snapshots) {
     for (PsSnapshot& snapshot : snapshots) {
-      const auto start = Clock::now();
-      Checkpoint c{.model = o.model,
-                   .layers = model.signature(),
-                   .num_params = model.num_params(),
-                   .step = snapshot.step,
-                   .epoch = snapshot.step / setup.steps_per_epoch,
-                   .step_in_epoch = snapshot.step % setup.steps_per_epoch,
-                   .seed = o.seed,
-                   .global_batch = setup.global_batch,
-                   .ranks = workers,
-                   .schedule = setup.schedule,
-                   .params = std::move(snapshot.params),
-                   .optimizer = plan.optimizer_name,
-                   .optimizer_steps = snapshot.optimizer_steps};
+      Checkpoint c = checkpoint_at(header, snapshot.step);
+      c.params = std::move(snapshot.params);
+      c.optimizer_steps = snapshot.optimizer_steps;
       c.optimizer_state = std::move(snapshot.state);
-      const std::string path = checkpoints->save(c);
-      spdlog::info("checkpoint: step {} (assembled from {} server(s)) written to {} in {:.0f} ms",
-                   c.step, servers, path, ms_since(start));
-      metrics.write("checkpoint", {{"step", c.step}, {"path", path}});
+      checkpoints->save(c, fmt::format(" (assembled from {} server(s))", servers));
       last_written = c.step;
     }
   };
@@ -120,9 +119,9 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   Batch batch, eval_scratch;
   StepWorkspace workspace;
   WorkerResult result;
-  double window_loss = 0.0;
-  int64_t window_correct = 0, window_samples = 0, window_steps = 0, rejections_in_a_row = 0;
-  const int64_t total = setup.total_steps;
+  TrainWindow window;
+  int64_t rejections_in_a_row = 0;
+  const int64_t total = setup.plan.total_steps;
   const auto train_start = Clock::now();
   // The chief's evaluations and checkpoint writes are not training time (as under the ring),
   // though in sync mode the other workers wait for the chief's gradients meanwhile.
@@ -134,15 +133,15 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   // in global batches: sync, the same as step; async, the first server's updates / workers
   // (every worker runs until the servers have applied workers x steps updates, so fast workers
   // do more of them than slow ones, as in TensorFlow's async training).
-  int64_t step = setup.start_step, job_step = setup.start_step;
+  int64_t step = setup.plan.start_step, job_step = setup.plan.start_step;
   while (job_step < total) {
     world.board().set_step(job_step);
     world.board().set_phase("gradient computation");
     inject_test_failures(o, world.rank(), job_step);
-    const auto indices = rank_batch(sampler.order(step / setup.steps_per_epoch),
-                                    step % setup.steps_per_epoch, o.batch_size, worker, workers);
+    const auto indices = rank_batch(sampler.order(step / setup.plan.steps_per_epoch),
+                                    step % setup.plan.steps_per_epoch, o.batch_size, worker, workers);
     make_batch(setup.data.train, indices, batch.images, batch.labels);
-    const float lr = learning_rate(setup.schedule, job_step);
+    const float lr = learning_rate(setup.plan.schedule, job_step);
     auto start = Clock::now();
     const StepStats stats = compute_gradients(model, batch, workspace, ctx);
     // --test-long-compute-ms: a compute step longer than the servers' wait may last, but
@@ -202,10 +201,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       ++step;
       job_step = versions[0] / plan.versions_per_step;
     }
-    window_loss += stats.loss;
-    window_correct += stats.correct;
-    window_samples += stats.samples;
-    ++window_steps;
+    window.add(stats);
     result.last_loss = stats.loss;
     if (!chief) continue;
     const double seconds = training_seconds();
@@ -215,21 +211,12 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       untimed_seconds += std::chrono::duration<double>(Clock::now() - write_start).count();
     }
     if ((crossed(before, job_step, o.log_every) || job_step >= total) && o.log_every > 0) {
-      const double loss = window_loss / static_cast<double>(window_steps);
-      const double accuracy =
-          static_cast<double>(window_correct) / static_cast<double>(window_samples);
       // The job's rate: global batches of the servers' progress.
-      spdlog::info(
-          "step {}/{} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s", job_step, total, loss,
-          accuracy, lr,
-          static_cast<double>((job_step - setup.start_step) * setup.global_batch) / seconds);
-      metrics.write("train", {{"step", job_step},
-                              {"epoch", job_step / setup.steps_per_epoch + 1},
-                              {"loss", loss},
-                              {"train_accuracy", accuracy},
-                              {"lr", static_cast<double>(lr)}});
-      window_loss = 0.0;
-      window_correct = window_samples = window_steps = 0;
+      window.report(job_step, total, job_step / setup.plan.steps_per_epoch + 1, lr,
+                    static_cast<double>((job_step - setup.plan.start_step) *
+                                        setup.plan.global_batch) /
+                        seconds,
+                    /*print=*/true, metrics);
     }
     if (crossed(before, job_step, o.eval_every) && job_step < total) {
       // The chief's copy: the parameters its last answers brought.
@@ -237,12 +224,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       const EvalResult eval = evaluate(model, setup.data.test, 0, setup.data.test.count,
                                        o.eval_batch, eval_scratch, ctx);
       untimed_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
-      spdlog::info("step {} test accuracy {:.4f} loss {:.4f}", job_step, eval.accuracy(),
-                   eval.mean_loss());
-      metrics.write("eval", {{"step", job_step},
-                             {"test_accuracy", eval.accuracy()},
-                             {"test_loss", eval.mean_loss()},
-                             {"train_seconds", seconds}});
+      report_eval(job_step, eval, seconds, /*print=*/true, metrics);
     }
   }
   // Done: every worker gets the final parameters once all are done.
@@ -250,7 +232,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   client.finish(params, versions);
   result.train_seconds = training_seconds();
   // The servers' last snapshot is of the final step (unless one of that step came already).
-  if (checkpoints && setup.start_step < total) {
+  if (checkpoints && setup.plan.start_step < total) {
     write_checkpoints(client.collect_snapshots(last_written == total ? -1 : total));
   }
   report.bytes_sent = client.bytes_sent();
@@ -284,14 +266,14 @@ void serve(const Options& o, const StrategySetup& setup, const PsPlan& plan, PsC
     optimizer_steps = setup.resumed->optimizer_steps;
   }
   shard.start({setup.model.params().data() + range.begin, static_cast<size_t>(range.size())}, state,
-              optimizer_steps, setup.start_step * plan.versions_per_step);
+              optimizer_steps, setup.plan.start_step * plan.versions_per_step);
   const bool checkpointing = !o.checkpoint_dir.empty();
   report.is_server = 1;
   report.index = server;
   report.server =
       serve_shard(channel, plan.layout, server, shard,
                   {.snapshot_every = checkpointing ? o.checkpoint_every : 0,
-                   .final_snapshot = checkpointing && setup.start_step < setup.total_steps,
+                   .final_snapshot = checkpointing && setup.plan.start_step < setup.plan.total_steps,
                    .versions_per_step = plan.versions_per_step});
 }
 
@@ -332,10 +314,10 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
     wait_ms += r.wait_ms;
     taken.push_back(std::to_string(r.accepted));
   }
-  const int64_t trained = std::max<int64_t>(0, setup.total_steps - setup.start_step);
+  const int64_t trained = std::max<int64_t>(0, setup.plan.total_steps - setup.plan.start_step);
   const double images_per_sec =
       result.train_seconds > 0
-          ? static_cast<double>(trained * setup.global_batch) / result.train_seconds
+          ? static_cast<double>(trained * setup.plan.global_batch) / result.train_seconds
           : 0.0;
   const double step_ms =
       trained > 0 ? result.train_seconds * 1000.0 / static_cast<double>(trained) : 0.0;
@@ -345,14 +327,12 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
       plan.mode == PsMode::kSync
           ? fmt::format("sync, {} of {} gradients per update", plan.aggregate, workers)
           : fmt::format("async, staleness at most {}", plan.max_staleness);
-  spdlog::info("summary: test accuracy {:.4f} ({} / {}), test loss {:.4f}, last batch loss {:.4f}",
-               result.eval.accuracy(), result.eval.correct, result.eval.samples,
-               result.eval.mean_loss(), result.last_loss);
-  spdlog::info(
-      "summary: {} steps{} in {:.2f} s: {:.0f} images/s, {:.3f} ms/step, peak RSS {:.0f} MB",
-      trained,
-      setup.start_step > 0 ? fmt::format(" (resumed at step {})", setup.start_step) : std::string(),
-      result.train_seconds, images_per_sec, step_ms, peak_rss_mb());
+  log_summary(result.eval, "", result.last_loss,
+              RunTotals{.trained_steps = trained,
+                        .start_step = setup.plan.start_step,
+                        .train_seconds = result.train_seconds,
+                        .global_batch = setup.plan.global_batch},
+              "");
   spdlog::info(
       "summary: strategy ps ({} server(s), {} worker(s), {}); per worker round {:.3f} ms "
       "computing, {:.3f} ms waiting for the servers",
@@ -383,12 +363,12 @@ void report_job(const Options& o, const StrategySetup& setup, const PsPlan& plan
                               {"last_loss", result.last_loss},
                               {"images_per_sec", images_per_sec},
                               {"step_ms", step_ms},
-                              {"steps", setup.total_steps},
-                              {"start_step", setup.start_step},
+                              {"steps", setup.plan.total_steps},
+                              {"start_step", setup.plan.start_step},
                               {"train_seconds", result.train_seconds},
                               {"model", o.model},
                               {"batch_size", o.batch_size},
-                              {"global_batch", setup.global_batch},
+                              {"global_batch", setup.plan.global_batch},
                               {"strategy", std::string("ps")},
                               {"ps_mode", std::string(to_string(plan.mode))},
                               {"num_ps", int64_t{servers}},
@@ -427,7 +407,7 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   const bool is_server = job.rank() >= workers;
   Model& model = setup.model;
   PsPlan plan;
-  plan.mode = parse_ps_mode(o.ps_mode);
+  plan.mode = o.ps_mode;
   plan.aggregate = o.replicas_to_aggregate > 0 ? o.replicas_to_aggregate : workers;
   plan.max_staleness = o.max_staleness >= 0 ? o.max_staleness : 2 * int64_t{workers};
   plan.versions_per_step = plan.mode == PsMode::kSync ? 1 : workers;
@@ -471,9 +451,9 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
         plan.mode == PsMode::kSync
             ? fmt::format("sync, {} of {} gradients per update", plan.aggregate, workers)
             : fmt::format("async, staleness at most {}", plan.max_staleness),
-        setup.total_steps,
-        setup.start_step > 0 ? fmt::format(" from step {}", setup.start_step) : "",
-        setup.global_batch, o.batch_size);
+        setup.plan.total_steps,
+        setup.plan.start_step > 0 ? fmt::format(" from step {}", setup.plan.start_step) : "",
+        setup.plan.global_batch, o.batch_size);
     spdlog::info("parameters: {} in {} tensors, sharded {}", model.num_params(),
                  model.param_views().size(), fmt::join(shards, "; "));
   }
@@ -489,10 +469,7 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   const std::vector<RankReport> reports = allgather_value(job, report);
   if (job.rank() == 0) {
     report_job(o, setup, plan, reports, result);
-    if (!o.save_params.empty()) {
-      save_params(o.save_params, model.params_to_host(), [&world] { world.board().progress(); });
-      spdlog::info("saved {} parameters to {}", model.num_params(), o.save_params);
-    }
+    save_final_params(o, model, world.board());
   }
   return 0;
 }

@@ -1,5 +1,6 @@
-// What mnist_train's parts share: the options, and the setup that the parameter-server
-// strategy (ps_strategy.cpp) takes over from the common start of run() in mnist_train.cpp.
+// mnist_train's options: every flag's value, the choice flags as enums, and the rules that
+// check them: single ranges when they are parsed (flags.cpp), and every rule that combines
+// flags, or flags with the job (ranks, device, data), in one place (flag_rules.cpp).
 #pragma once
 
 #include <cstdint>
@@ -9,13 +10,20 @@
 
 #include <CLI/CLI.hpp>
 
-#include "ringtrain/checkpoint.h"
-#include "ringtrain/data.h"
-#include "ringtrain/model.h"
-#include "ringtrain/mpi_comm.h"
+#include "ringtrain/allreduce.h"
+#include "ringtrain/context.h"
 #include "ringtrain/optim.h"
+#include "ringtrain/ps.h"
 
 namespace ringtrain::app {
+
+enum class Strategy { kRing, kParameterServers, kLocalSgd };
+const char* to_string(Strategy strategy);  // "ring", "ps", "local-sgd"
+// --overlap (and --no-overlap, which is --overlap off).
+enum class OverlapChoice { kAuto, kOn, kOff };
+const char* to_string(OverlapChoice choice);  // "auto", "on", "off"
+enum class LrScaling { kNone, kLinear };
+const char* to_string(LrScaling scaling);  // "none", "linear"
 
 struct Options {
   std::string data_dir;
@@ -33,24 +41,23 @@ struct Options {
   std::string device = "auto";
   bool cuda_graphs = false;
   bool data_on_gpu = false;
-  std::string conv_impl = "direct";
+  ConvImpl conv_impl = ConvImpl::kDirect;
   int64_t log_every = 100;
   int64_t eval_every = 0;
   int64_t eval_batch = 1000;
   std::string metrics_out;
   std::string save_params;
   std::string log_level = "info";
-  std::string allreduce = "ring";
-  std::string overlap = "auto";
-  bool no_overlap = false;
+  AllreduceAlgorithm allreduce = AllreduceAlgorithm::kRing;
+  OverlapChoice overlap = OverlapChoice::kAuto;
   double fusion_threshold_mb = 4.0;
   double first_bucket_mb = 0.25;
-  std::string lr_scaling = "none";
+  LrScaling lr_scaling = LrScaling::kNone;
   int64_t check_replicas = 0;
   // Strategies (docs/strategies.md).
-  std::string strategy = "ring";  // ring | ps | local-sgd
+  Strategy strategy = Strategy::kRing;
   int num_ps = 1;
-  std::string ps_mode = "sync";
+  PsMode ps_mode = PsMode::kSync;
   int replicas_to_aggregate = 0;  // 0: every worker
   int64_t max_staleness = -1;     // -1: 2 x workers
   int64_t average_every = 8;
@@ -96,34 +103,13 @@ void add_flags(CLI::App& app, Options& o);
 // naming the flag and its allowed range for this job.
 void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images);
 
-// What run() has settled before it hands over to a strategy with its own loop.
-struct StrategySetup {
-  const MnistData& data;
-  std::string data_dir;
-  Model& model;
-  Context& ctx;
-  LrSchedule schedule;
-  const std::optional<Checkpoint>& resumed;
-  int64_t start_step = 0;
-  int64_t total_steps = 0;
-  int64_t steps_per_epoch = 0;
-  int64_t global_batch = 0;
-};
-
-// --strategy ps: this rank's part (server or worker) from setup to summary. world: every
-// rank, watched by the watchdog; job: the same ranks with the workers first (job rank 0, the
-// chief, is worker 0), the first --num-ps world ranks last.
-int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
-                          const StrategySetup& setup);
-
-// Refuses a checkpoint that cannot continue this run (same on every rank: exit 3).
-[[noreturn]] void refuse(const std::string& message);
-void check_checkpoint_fits(const Checkpoint& c, const Options& o, const Model& model,
-                           const Optimizer& optimizer, size_t optimizer_buffers);
-std::string describe_schedule(const LrSchedule& s);
-// --test-stall-rank sleeps --test-stall-seconds `where` ("at step 5", "in set-up", ...).
-void stall_for_test(const Options& o, int rank, const std::string& where);
-// --test-fail-rank, --test-stall-rank, --test-slow-rank: the failures the tests inject.
-void inject_test_failures(const Options& o, int rank, int64_t step);
+// Every rule that combines flags, or flags with this job (the rank count and the device),
+// checked before anything is built, the same on every rank (every rank decides from the same
+// flags): a usage Error (exit 2) naming the flags. --strategy ps and local-sgd run on the CPU:
+// `device` is set to cpu for them (said in the log).
+void check_flag_combinations(Options& o, int ranks);
+// The rules that need the device this rank will train on (--cuda-graphs, --conv-impl,
+// --data-on-gpu need a GPU; --cuda-graphs needs one rank).
+void check_device_flags(const Options& o, int ranks, const DeviceChoice& device);
 
 }  // namespace ringtrain::app

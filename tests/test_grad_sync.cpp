@@ -1,5 +1,6 @@
-// The bucketer: how gradient ranges become buckets, and that buckets are reduced in order,
-// during backward when overlapping, after it when not, with errors carried back to wait().
+// GradSync's host engine: how gradient ranges become buckets, and that buckets are averaged in
+// order, during backward when overlapping, after it when not, with errors carried back to
+// finish().
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -7,9 +8,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "ringtrain/bucketer.h"
 #include "ringtrain/check.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
+#include "support/fn_allreduce.h"
 
 using namespace ringtrain;
 
@@ -23,10 +25,28 @@ std::vector<GradRange> ranges_of(std::initializer_list<int64_t> sizes) {
   }
   return ranges;
 }
+
+// A host GradSync over `ranges` whose allreduce is `fn`, with bucket limits first / rest.
+struct TestSync {
+  TestSync(float* grads, const std::vector<GradRange>& ranges, int64_t first, int64_t rest,
+           testing::FnAllreduce::Fn fn, bool overlap)
+      : allreduce(std::move(fn)),
+        sync(make_grad_sync(grads, ranges, allreduce,
+                            {.first_bucket_elements = first, .bucket_elements = rest,
+                             .overlap = overlap},
+                            Context{})) {}
+  GradSync* operator->() { return sync.get(); }
+  CommStats wait() {
+    sync->finish();
+    return sync->stats();
+  }
+  testing::FnAllreduce allreduce;
+  std::unique_ptr<GradSync> sync;
+};
 }  // namespace
 
 TEST_CASE("assign_buckets closes a bucket at the first layer boundary past its limit",
-          "[bucketer]") {
+          "[grad_sync]") {
   const auto ranges = ranges_of({10, 100, 5, 5, 300, 50});
   SECTION("a small first bucket, then the threshold") {
     const auto buckets = assign_buckets(ranges, 20, 100);
@@ -60,15 +80,14 @@ TEST_CASE("assign_buckets closes a bucket at the first layer boundary past its l
   CHECK_THROWS_AS(assign_buckets(gap, 10, 10), Error);
 }
 
-TEST_CASE("buckets are reduced in index order, each exactly once per step", "[bucketer]") {
+TEST_CASE("buckets are averaged in index order, each exactly once per step", "[grad_sync]") {
   for (bool overlap : {true, false}) {
     INFO((overlap ? "overlapped" : "after backward"));
     std::vector<float> grads(470, 1.0f);
     const auto ranges = ranges_of({10, 100, 5, 5, 300, 50});
     std::mutex mutex;
     std::vector<std::pair<int64_t, int64_t>> calls;
-    GradBucketer bucketer(
-        grads.data(), assign_buckets(ranges, 20, 100),
+    TestSync sync(grads.data(), ranges, 20, 100,
         [&](float* data, int64_t count) {
           std::lock_guard lock(mutex);
           calls.emplace_back(data - grads.data(), count);
@@ -76,9 +95,9 @@ TEST_CASE("buckets are reduced in index order, each exactly once per step", "[bu
         },
         overlap);
     for (int step = 0; step < 3; ++step) {
-      bucketer.begin_backward();
-      for (const GradRange& range : ranges) bucketer.mark_ready(range);
-      const CommStats stats = bucketer.wait();
+      sync->begin_backward();
+      for (const GradRange& range : ranges) sync->mark_ready(range);
+      const CommStats stats = sync.wait();
       CHECK(stats.comm_ms >= 0.0);
       CHECK(stats.exposed_ms >= 0.0);
     }
@@ -89,31 +108,29 @@ TEST_CASE("buckets are reduced in index order, each exactly once per step", "[bu
   }
 }
 
-TEST_CASE("with overlap a bucket is reduced while backward is still running", "[bucketer]") {
+TEST_CASE("with overlap a bucket is averaged while backward is still running", "[grad_sync]") {
   std::vector<float> grads(30, 0.0f);
   const auto ranges = ranges_of({10, 10, 10});
   std::atomic<int> reduced{0};
-  GradBucketer bucketer(
-      grads.data(), assign_buckets(ranges, 1, 1), [&](float*, int64_t) { ++reduced; }, true);
-  bucketer.begin_backward();
-  bucketer.mark_ready(ranges[0]);
+  TestSync sync(grads.data(), ranges, 1, 1, [&](float*, int64_t) { ++reduced; }, true);
+  sync->begin_backward();
+  sync->mark_ready(ranges[0]);
   // "Backward" of the next layers is still going on; the first bucket must not wait for it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (reduced == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(reduced == 1);
-  bucketer.mark_ready(ranges[1]);
-  bucketer.mark_ready(ranges[2]);
-  bucketer.wait();
+  sync->mark_ready(ranges[1]);
+  sync->mark_ready(ranges[2]);
+  sync.wait();
   CHECK(reduced == 3);
 
   // Without overlap nothing moves before wait().
   std::atomic<int> late{0};
-  GradBucketer after(
-      grads.data(), assign_buckets(ranges, 1, 1), [&](float*, int64_t) { ++late; }, false);
-  after.begin_backward();
-  for (const GradRange& range : ranges) after.mark_ready(range);
+  TestSync after(grads.data(), ranges, 1, 1, [&](float*, int64_t) { ++late; }, false);
+  after->begin_backward();
+  for (const GradRange& range : ranges) after->mark_ready(range);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(late == 0);
   const CommStats stats = after.wait();
@@ -121,26 +138,24 @@ TEST_CASE("with overlap a bucket is reduced while backward is still running", "[
   CHECK(stats.exposed_ms >= stats.comm_ms);  // all of it is exposed by construction
 }
 
-TEST_CASE("a failed reduction reaches wait(); misuse is refused", "[bucketer]") {
+TEST_CASE("a failed average reaches finish(); misuse is refused", "[grad_sync]") {
   std::vector<float> grads(20, 0.0f);
   const auto ranges = ranges_of({10, 10});
   for (bool overlap : {true, false}) {
-    GradBucketer bucketer(
-        grads.data(), assign_buckets(ranges, 1, 1),
+    TestSync sync(grads.data(), ranges, 1, 1,
         [](float*, int64_t) { RINGTRAIN_FAIL("the wire is down"); }, overlap);
-    bucketer.begin_backward();
-    for (const GradRange& range : ranges) bucketer.mark_ready(range);
-    CHECK_THROWS_WITH(bucketer.wait(), Catch::Contains("the wire is down"));
+    sync->begin_backward();
+    for (const GradRange& range : ranges) sync->mark_ready(range);
+    CHECK_THROWS_WITH(sync.wait(), Catch::Contains("the wire is down"));
   }
-  GradBucketer bucketer(
-      grads.data(), assign_buckets(ranges, 1, 1), [](float*, int64_t) {}, true);
-  bucketer.begin_backward();
-  CHECK_THROWS_AS(bucketer.mark_ready(ranges[1]), Error);  // out of backward order
-  CHECK_THROWS_AS(bucketer.wait(), Error);                 // before every gradient was reported
+  TestSync sync(grads.data(), ranges, 1, 1, [](float*, int64_t) {}, true);
+  sync->begin_backward();
+  CHECK_THROWS_AS(sync->mark_ready(ranges[1]), Error);  // out of backward order
+  CHECK_THROWS_AS(sync.wait(), Error);                 // before every gradient was reported
 }
 
 TEST_CASE("a large layer reports its gradients in row blocks, each final when reported",
-          "[bucketer]") {
+          "[grad_sync]") {
   // dense(784->4096) holds 3.2 M weights: above the 2 Mi threshold, so it reports 256-row blocks.
   auto model = make_model({.name = "mlp", .hidden = {4096}});
   model->init_params(3);

@@ -1,0 +1,48 @@
+// How this run averages (see averaging.h).
+#include "averaging.h"
+
+#include <chrono>
+
+#include "ringtrain/log.h"
+
+namespace ringtrain::app {
+
+Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, Model& model,
+                         const Context& ctx) {
+  Averaging averaging;
+  const bool local_sgd = o.strategy == Strategy::kLocalSgd && comm.size() > 1;
+  if (!plan.average_gradients && !local_sgd) return averaging;
+  // The device transport's deadline is a backstop behind the watchdog, as the host one is.
+  averaging.allreduce = make_allreduce(comm,
+                                       AllreduceConfig{.algorithm = o.allreduce,
+                                                       .device = ctx.device,
+                                                       .timeout_s = o.collective_timeout + 30.0,
+                                                       .test_delay_ms = o.test_comm_delay_ms},
+                                       ctx);
+  Allreduce& allreduce = *averaging.allreduce;
+  if (local_sgd) {
+    spdlog::info(
+        "strategy local-sgd: each rank steps on its own batch; parameters and optimizer "
+        "state are averaged by the {} every {} step(s) and at the end",
+        to_string(allreduce.kind()), o.average_every);
+    return averaging;
+  }
+  averaging.grad_sync =
+      make_grad_sync(model.grads().data(), model.grad_ranges(), allreduce, plan.grad_sync, ctx);
+  const GradSync& sync = *averaging.grad_sync;
+  // The communication thread shares the cores with backward: it must not spin long while
+  // waiting.
+  if (sync.device() == Device::kCpu && sync.overlap())
+    comm.set_spin_before_sleep(std::chrono::microseconds(50));
+  const char* const why =
+      allreduce.kind() == AllreduceKind::kStagedRing && o.allreduce != AllreduceAlgorithm::kRing
+          ? " (whatever --allreduce says: ranks share a GPU, which NCCL refuses)"
+          : "";
+  spdlog::info("gradients: {} bucket(s) averaged by the {}{} {} ({}); watchdog {:g} s",
+               sync.buckets().size(), to_string(allreduce.kind()), why,
+               sync.overlap() ? "while backward runs" : "after backward", plan.overlap_reason,
+               o.collective_timeout);
+  return averaging;
+}
+
+}  // namespace ringtrain::app

@@ -1,0 +1,27 @@
+// How this run averages: one Allreduce, chosen once from --allreduce and the device (the same
+// on every rank), and over it either a GradSync (the ring strategy: the gradients in buckets
+// while backward runs) or local SGD's parameter averages.
+#pragma once
+
+#include <memory>
+
+#include "options.h"
+#include "ringtrain/allreduce.h"
+#include "ringtrain/grad_sync.h"
+#include "ringtrain/model.h"
+#include "ringtrain/mpi_comm.h"
+#include "run_plan.h"
+
+namespace ringtrain::app {
+
+struct Averaging {
+  std::unique_ptr<Allreduce> allreduce;  // null when nothing is averaged (one rank)
+  std::unique_ptr<GradSync> grad_sync;   // null unless plan.average_gradients
+};
+
+// Collective (a device Allreduce decides with the other ranks whether they share a GPU, and
+// may bootstrap NCCL). Logs one line saying what averages what, and how.
+Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, Model& model,
+                         const Context& ctx);
+
+}  // namespace ringtrain::app

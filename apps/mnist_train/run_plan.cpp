@@ -1,0 +1,106 @@
+// The run plan (see run_plan.h).
+#include "run_plan.h"
+
+#include <fmt/format.h>
+
+#include "resume.h"
+#include "ringtrain/check.h"
+
+namespace ringtrain::app {
+
+namespace {
+
+int64_t mb_to_elements(double mb) {
+  return static_cast<int64_t>(mb * 1e6 / 4.0);
+}
+
+// The checkpoint's global batch and data order are kept; the per-rank batch follows the ranks.
+int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int data_ranks) {
+  const int64_t global = resumed.global_batch;
+  if (o.batch_size_given && o.batch_size * data_ranks != global)
+    refuse(fmt::format(
+        "the checkpoint at step {} trained with a global batch of {} ({} "
+        "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
+        "pass --batch-size {} or leave it out",
+        resumed.step, global, resumed.ranks, data_ranks, o.batch_size, o.batch_size * data_ranks,
+        global % data_ranks == 0 ? global / data_ranks : 0));
+  if (global % data_ranks != 0)
+    refuse(
+        fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
+                    "ranks cannot share evenly: resume on a rank count that divides {}",
+                    resumed.step, global, data_ranks, global));
+  return global / data_ranks;
+}
+
+}  // namespace
+
+RunPlan plan_run(const Options& options, const JobShape& job,
+                 const std::optional<ResumePoint>& resumed) {
+  Options o = options;  // the batch size a resume sets is checked as if it had been given
+  RunPlan plan;
+  if (resumed) {
+    o.batch_size = resumed_batch_size(o, *resumed, job.data_ranks);
+    plan.start_step = resumed->step;
+    if (resumed->ranks != job.data_ranks)
+      plan.resume_note = fmt::format(
+          "resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
+          "global batch of {} and the data order (the sums run in another order, so "
+          "the bits differ from a {}-rank run)",
+          resumed->ranks, job.data_ranks, o.batch_size, resumed->global_batch, resumed->ranks);
+  }
+  // --batch-size, --epochs and --warmup-epochs against this job (exit 2): nothing below
+  // overflows, and an epoch has at least one step.
+  check_derived_ranges(o, job.data_ranks, job.train_images);
+  plan.batch_size = o.batch_size;
+  plan.global_batch = o.batch_size * job.data_ranks;
+  plan.steps_per_epoch = job.train_images / plan.global_batch;
+  plan.total_steps = o.steps > 0 ? o.steps : o.epochs * plan.steps_per_epoch;
+
+  LrSchedule& schedule = plan.schedule;
+  schedule = o.schedule;
+  if (o.lr_scaling == LrScaling::kLinear) {
+    RINGTRAIN_CHECK(schedule.kind == "constant" || schedule.kind == "linear-warmup",
+                    "--lr-scaling linear ramps the rate itself; it cannot be combined with "
+                    "--lr-schedule {}",
+                    schedule.kind);
+    schedule.kind = "linear-warmup";
+    schedule.reference_batch = o.batch_size;  // the target is --lr x ranks
+  }
+  schedule.global_batch = plan.global_batch;
+  if (schedule.reference_batch == 0) schedule.reference_batch = plan.global_batch;
+  if (o.warmup_epochs > 0) {
+    schedule.warmup_steps =
+        static_cast<int64_t>(o.warmup_epochs * static_cast<double>(plan.steps_per_epoch));
+  }
+  validate(schedule);
+
+  // local-sgd averages parameters, not gradients; a device job averages on the GPU whenever
+  // there is more than one rank; a host one also with a slowed transport (the overlap tests).
+  const bool on_gpu = job.device == Device::kCuda;
+  plan.average_gradients = o.strategy == Strategy::kRing &&
+                           (job.ranks > 1 || (!on_gpu && o.test_comm_delay_ms > 0));
+  // Overlap needs a core to run on: on one node whose cores the ranks' compute threads already
+  // fill, the communication thread's copies only take cycles from backward (measured slower
+  // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.
+  // On a GPU the averaging runs on the communication stream, not on a CPU thread: overlap
+  // costs backward nothing, so auto means on.
+  const bool node_is_full = job.local_size * o.threads >= job.cores;
+  const bool one_node = job.local_size == job.ranks;
+  bool overlap = o.overlap == OverlapChoice::kOn;
+  if (o.overlap == OverlapChoice::kAuto) {
+    overlap = on_gpu || !(node_is_full && one_node);
+    plan.overlap_reason =
+        on_gpu ? "--overlap auto: on a GPU the communication stream runs beside the compute stream"
+               : fmt::format("--overlap auto: {} rank(s) x {} thread(s) on a node of {} cores{}",
+                             job.local_size, o.threads, job.cores,
+                             one_node ? "" : ", ranks on several nodes");
+  } else {
+    plan.overlap_reason = "set by flag";
+  }
+  plan.grad_sync = GradSyncConfig{.first_bucket_elements = mb_to_elements(o.first_bucket_mb),
+                                  .bucket_elements = mb_to_elements(o.fusion_threshold_mb),
+                                  .overlap = overlap};
+  return plan;
+}
+
+}  // namespace ringtrain::app
