@@ -52,7 +52,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from torch_common import find_idx, load_split, make_model, parse_hidden, train_step  # noqa: E402
+from torch_common import (blas_info, find_idx, load_split, make_model, parse_hidden,  # noqa: E402
+                          train_step)
 
 CHECK_TOLERANCE = 1e-4
 INIT_TIMEOUT_S = 120
@@ -192,6 +193,7 @@ def run_rank(rank, args, world_size, out_dir):
     if rank == 0:
         steps = args.steps
         images = world_size * args.batch_size * steps
+        blas = blas_info()  # what rank 0 mapped, after its timed steps
         summary = {
             "event": "summary",
             "framework": "pytorch-ddp",
@@ -218,6 +220,8 @@ def run_rank(rank, args, world_size, out_dir):
             "last_loss": last_loss,
             "params": sum(t.numel() for t in model.parameters()),
             "torch_version": torch.__version__,
+            "blas": blas["desc"],
+            "blas_kind": blas["kind"],  # openblas, mkl, blis, reference, ... (scripts/peer_blas.py)
         }
         print(json.dumps(summary, separators=(",", ":")), flush=True)
 

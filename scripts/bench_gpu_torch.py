@@ -31,7 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_common import load_split, make_model, train_step  # noqa: E402
+from torch_common import blas_info, load_split, make_model, train_step  # noqa: E402
 
 MODELS = {"mlp": ("mlp", (500, 500)), "cnn": ("cnn", None), "mlp-wide": ("mlp", (4096, 4096))}
 DEFAULT_CONFIGS = "mlp:128,mlp:512,cnn:128,cnn:512,mlp-wide:128,mlp-wide:512"
@@ -177,8 +177,9 @@ def main():
             info.append(f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}")
         except Exception:  # noqa: BLE001 (a build without NCCL)
             pass
-    else:
+    else:  # test mode only: on a GPU the CPU's BLAS is not on the timed path
         info.append(f"threads {torch.get_num_threads()}")
+        info.append(f"blas {blas_info()['desc']}")
     print("# bench_gpu_torch: " + "; ".join(info), file=sys.stderr, flush=True)
     print(f"# data: {args.data_label} {tuple(x.shape)} uint8 on {device}; SGD lr {args.lr} "
           f"momentum {args.momentum}; warmup {args.warmup}; reps {args.reps}", file=sys.stderr,

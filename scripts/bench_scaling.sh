@@ -17,6 +17,10 @@
 #   RINGTRAIN_DATA / first argument: data (default ../shared/data/mnist, else data/mnist,
 #   else Fashion-MNIST); RATE=10gbit; RANKS="1 2 4"; MODELS="mlp32 mlp128 cnn128 wide128";
 #   SKIP_NET=1 / SKIP_DDP=1 to leave a part out; BENCH_QUICK=1 for a smoke test.
+# Before any timing, unless SKIP_DDP=1, it checks the BLAS the PyTorch peer loads
+# (scripts/peer_blas.sh): on netlib's reference BLAS it installs libopenblas0-openmp and checks
+# again, and exits 3 without a verdict if the peer is still not on OpenBLAS, MKL or BLIS
+# (PEER_BLAS_INSTALL=0: never install). Every DDP run's own report is checked the same way.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,13 +43,24 @@ elif [[ -d "$repo/data/mnist" ]]; then data="$repo/data/mnist"
 else data=/usr/share/datasets/fashion-mnist; fi
 
 # ---- dependencies (benchmark-only: not on the test path) ----
-need=()
-/usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch libopenblas0-openmp)
-command -v gnuplot >/dev/null || need+=(gnuplot-nox)
-if [[ ${#need[@]} -gt 0 ]]; then
-  log "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2
+install_pkgs() {
+  log "installing $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2
+}
+# (RINGTRAIN_PEER_BLAS, a test's stand-in for the peer, needs no torch)
+if [[ "${SKIP_DDP:-0}" != "1" && -z "${RINGTRAIN_PEER_BLAS:-}" ]] &&
+  ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  install_pkgs python3-torch libopenblas0-openmp
 fi
+# ---- the DDP peer's BLAS, before any timing (one thread, as the ranks run) ----
+peer_blas="not checked (SKIP_DDP=1: no PyTorch peer)"
+if [[ "${SKIP_DDP:-0}" != "1" ]]; then
+  # shellcheck source=scripts/peer_blas.sh
+  source "$repo/scripts/peer_blas.sh"
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 peer_blas_check bench_scaling   # or exits 3
+  peer_blas="$PEER_BLAS"
+fi
+command -v gnuplot >/dev/null || install_pkgs gnuplot-nox
 "$repo/scripts/build.sh" >&2
 
 mpi_base=(--bind-to none)
@@ -108,6 +123,8 @@ run_ddp() {
     log "ddp $model np=$np FAILED:"; tail -5 "$work/ddp.log" >&2
     return 0
   fi
+  # the timed ranks' own BLAS (rank 0's report): no verdict against a peer on netlib
+  peer_blas_recheck bench_scaling "$(field "$work/ddp.jsonl" blas_kind)" "$(field "$work/ddp.jsonl" blas)"
   local row="shm,pytorch-ddp,$model,$batch,$np,$over,n/a,True,$(field "$work/ddp.jsonl" images_per_sec),$(field "$work/ddp.jsonl" step_ms),,,,"
   echo "$row" >>"$out_csv"
   log "$row"
@@ -150,9 +167,9 @@ if [[ "${SKIP_NET:-0}" != "1" ]]; then
 fi
 
 # ---- report ----
-python3 - "$out_csv" "$out_md" "$out_png" "$net_note" "$data" "$rate" <<'PY'
+python3 - "$out_csv" "$out_md" "$out_png" "$net_note" "$data" "$rate" "$peer_blas" <<'PY'
 import csv, sys, subprocess, datetime, os
-csv_path, md_path, png_path, net_note, data, rate = sys.argv[1:7]
+csv_path, md_path, png_path, net_note, data, rate, peer_blas = sys.argv[1:8]
 rows = list(csv.DictReader(open(csv_path)))
 def get(transport, fw, model, np, overlap):
     for r in rows:
@@ -169,6 +186,7 @@ out.append(f"- Date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; ringtrain 
 out.append(f"- Command: `scripts/bench_scaling.sh`; one thread per rank; SGD momentum 0.9; per-rank batch as listed; ranks > {os.cpu_count()} are oversubscribed (marked *)")
 out.append("- images/s = global batch x steps / rank 0's training time; scaling efficiency = images/s at N / (N x images/s at 1 rank); comm, exposed (ms per step) and overlap efficiency = 1 - exposed / comm are those of the --overlap on run")
 out.append("- default = `--overlap auto`: overlap on unless one node's ranks x threads fill its cores (then the communication thread only takes cycles from backward); here that means off on shared memory at 2+ ranks and on across the emulated network")
+out.append(f"- PyTorch DDP's BLAS, checked before timing (scripts/peer_blas.sh; a verdict needs OpenBLAS, MKL or BLIS): {peer_blas}")
 out.append(f"- Emulated network: {net_note}\n")
 for transport, title in [("shm", "Shared memory (one node)"), (f"net-{rate}", f"Emulated cluster network, {rate}")]:
     if not any(r["transport"] == transport for r in rows): continue

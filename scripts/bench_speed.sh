@@ -9,6 +9,12 @@
 # peak RSS (/usr/bin/time -v) of a one-epoch ringtrain mlp run and a PyTorch mlp run.
 # Writes a markdown section to $BENCH_OUT (default docs/benchmarks-speed.md).
 #
+# Before any timing it checks which BLAS the PyTorch peer really loads (scripts/peer_blas.sh:
+# the files a torch process maps after a matmul).  On netlib's reference BLAS it installs
+# libopenblas0-openmp and checks again; if the peer is still not on OpenBLAS, MKL or BLIS it
+# says so and exits 3 without a verdict.  Every timed PyTorch run's own report is checked
+# the same way, and the report records the peer's BLAS library and threads.
+#
 # Usage: scripts/bench_speed.sh [DATA_DIR]
 #   DATA_DIR          first arg, else $RINGTRAIN_DATA, else ../shared/data/mnist (beside the checkout) or data/mnist if it
 #                     exists, else /usr/share/datasets/fashion-mnist
@@ -18,6 +24,9 @@
 #   WARMUP=20         untimed PyTorch warmup steps (ringtrain times all its steps)
 #   BUILD_DIR=build   where ringtrain is built (Release; configured and built if needed)
 #   BENCH_OUT=docs/benchmarks-speed.md
+#   BENCH_CHECK_ONLY=1   only the dependency and peer-BLAS checks: no build, no timing, no report
+#   PEER_BLAS_INSTALL=0  never install a BLAS for the peer (refuse instead); see scripts/peer_blas.sh
+#                        for RINGTRAIN_PEER_BLAS, the override tests/peer_blas_test.sh uses
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,7 +61,7 @@ elif [[ -d "$(dirname "${BASH_SOURCE[0]}")/../data/mnist" ]]; then
 else
   DATA_DIR=/usr/share/datasets/fashion-mnist
 fi
-[[ -d "$DATA_DIR" ]] || { echo "bench_speed: data dir $DATA_DIR not found" >&2; exit 1; }
+[[ "${BENCH_CHECK_ONLY:-0}" == "1" || -d "$DATA_DIR" ]] || { echo "bench_speed: data dir $DATA_DIR not found" >&2; exit 1; }
 
 NCPU="$(env -u OMP_NUM_THREADS nproc)"   # nproc obeys OMP_NUM_THREADS, set below
 
@@ -69,9 +78,20 @@ apt_install() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" ||
     { "${sudo[@]}" apt-get update && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"; }
 }
-if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+# (RINGTRAIN_PEER_BLAS, a test's stand-in for the peer, needs no torch)
+if [[ -z "${RINGTRAIN_PEER_BLAS:-}" ]] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   apt_install python3-torch libopenblas0-openmp
 fi
+
+# ---- the peer's BLAS, before any timing: OpenBLAS, MKL or BLIS, or no verdict (exit 3) ----
+# shellcheck source=scripts/peer_blas.sh
+source "$ROOT/scripts/peer_blas.sh"
+peer_blas_check bench_speed   # sets PEER_BLAS, or exits 3
+if [[ "${BENCH_CHECK_ONLY:-0}" == "1" ]]; then
+  log "BENCH_CHECK_ONLY=1: peer BLAS accepted ($PEER_BLAS_KIND); no timing"
+  exit 0
+fi
+
 [[ -x /usr/bin/time ]] || apt_install time
 PY="$(command -v python3 || echo /usr/bin/python3)"   # any python3 will do for JSON parsing
 
@@ -114,6 +134,9 @@ run_side() {
     "${CMD[@]}" >"$out" 2>"$errlog" || { cat "$errlog" >&2; return 1; }
   fi
   local ips ms
+  # the timed process's own BLAS (bench_torch.py reports what it mapped): no verdict on netlib
+  [[ "$side" == ringtrain ]] ||
+    peer_blas_recheck bench_speed "$(summary_field "$out" blas_kind)" "$(summary_field "$out" blas)"
   ips="$(summary_field "$out" images_per_sec)"
   ms="$(summary_field "$out" step_ms)"
   printf '%s\t%s\t%s\t%s\n' "$config" "$side" "$ips" "$ms" >>"$RESULTS"
@@ -149,6 +172,7 @@ torch_rss_cmd=(/usr/bin/python3 "$ROOT/scripts/bench_torch.py" --data-dir "$DATA
 TORCH_RSS="$(max_rss_mb "$WORK/torch-rss.log")"
 TORCH_VERSION="$(summary_field "$WORK/torch-rss.jsonl" torch_version)"
 TORCH_BLAS="$(summary_field "$WORK/torch-rss.jsonl" blas)"
+peer_blas_recheck bench_speed "$(summary_field "$WORK/torch-rss.jsonl" blas_kind)" "$TORCH_BLAS"
 
 # ---- report ----
 CPU_MODEL="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
@@ -180,7 +204,7 @@ TORCH_CMD="${CMD[*]}"
 TORCH_CMD="${TORCH_CMD//$ROOT\//}"
 STEPS_LIST="${CONFIGS[*]}"
 BENCH_QUICK="${BENCH_QUICK:-0}"
-export DATE CPU_MODEL NCPU TORCH_VERSION TORCH_BLAS COMMAND GIT_REV DATA_DIR REPS WARMUP LOAD_BEFORE \
+export DATE CPU_MODEL NCPU TORCH_VERSION TORCH_BLAS PEER_BLAS COMMAND GIT_REV DATA_DIR REPS WARMUP LOAD_BEFORE \
   LOAD_AFTER OURS_RSS OURS_RSS_SELF TORCH_RSS RSS_EPOCH_STEPS BENCH_QUICK OURS_CMD TORCH_CMD STEPS_LIST
 "$PY" - "$RESULTS" >"$BENCH_OUT" <<'PYEOF'
 import os, statistics, sys
@@ -209,7 +233,10 @@ if env["BENCH_QUICK"] == "1":
 out.append(f"- Date: {env['DATE']}")
 out.append(f"- CPU: {env['CPU_MODEL']} ({env['NCPU']} CPUs visible); load average before/after: "
            f"{env['LOAD_BEFORE']} / {env['LOAD_AFTER']}")
-out.append(f"- PyTorch: {env['TORCH_VERSION']} (Debian python3-torch); BLAS: {env['TORCH_BLAS']}")
+out.append(f"- PyTorch: {env['TORCH_VERSION']} (Debian python3-torch)")
+out.append(f"- PyTorch's BLAS, checked before timing (scripts/peer_blas.sh; a verdict needs OpenBLAS, "
+           f"MKL or BLIS): {env['PEER_BLAS']}")
+out.append(f"- PyTorch's BLAS as its timed runs reported it: {env['TORCH_BLAS']}")
 out.append(f"- ringtrain: {env['GIT_REV']}; data: `{env['DATA_DIR']}`")
 out.append(f"- Command: `{env['COMMAND']}`")
 out.append(f"- Each run: ringtrain `{env['OURS_CMD']}`; PyTorch `{env['TORCH_CMD']}` "

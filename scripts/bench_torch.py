@@ -23,7 +23,8 @@ import time
 
 import torch
 
-# The IDX loading, the models and blas_info() are shared with scripts/bench_ddp.py.
+# The IDX loading and the models are shared with scripts/bench_ddp.py; blas_info() reads
+# the BLAS this process mapped (scripts/peer_blas.py).
 from torch_common import blas_info, load_split, make_model, train_step
 
 
@@ -90,6 +91,7 @@ def main():
     accuracy = correct / test_x.shape[0]
 
     steps = args.steps
+    blas = blas_info()
     summary = {
         "event": "summary",
         "framework": "pytorch",
@@ -106,7 +108,8 @@ def main():
         "last_loss": last_loss,
         "params": sum(t.numel() for t in model.parameters()),
         "torch_version": torch.__version__,
-        "blas": blas_info(),
+        "blas": blas["desc"],
+        "blas_kind": blas["kind"],  # openblas, mkl, blis, reference, ... (scripts/peer_blas.py)
         "data_dir": args.data_dir,
     }
     print(json.dumps(summary, separators=(",", ":")), flush=True)

@@ -1,7 +1,8 @@
 """Shared parts of the PyTorch baselines (scripts/bench_torch.py, scripts/bench_ddp.py).
 
 MNIST IDX reading into uint8 tensors, the models of `mnist_train --model mlp|cnn`
-(same shapes and parameter counts; NCHW layout), and a description of the BLAS in use.
+(same shapes and parameter counts; NCHW layout), and a description of the BLAS in use
+(scripts/peer_blas.py).
 """
 import gzip
 import os
@@ -10,6 +11,8 @@ import struct
 import numpy as np
 import torch
 import torch.nn as nn
+
+from peer_blas import blas_report
 
 DEFAULT_HIDDEN = (500, 500)
 
@@ -90,24 +93,7 @@ def train_step(model, opt, train_x, train_y, idx):
 
 
 def blas_info():
-    """What torch says about its BLAS (OpenBLAS/MKL mentions), plus the BLAS library actually mapped."""
-    mentions = []
-    for line in torch.__config__.show().splitlines():
-        for part in line.split(","):
-            part = part.strip(" -")
-            if any(w in part for w in ("OpenBLAS", "MKL", "BLAS_INFO")):
-                mentions.append(part.replace("Build settings: ", ""))
-    loaded = set()
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                lib = line.split()[-1]
-                base = os.path.basename(lib)
-                if "blas" in base.lower() or "mkl" in base.lower():
-                    loaded.add(os.path.realpath(lib))
-    except OSError:
-        pass
-    text = "config: " + (" | ".join(mentions) if mentions else "no mention of OpenBLAS or MKL")
-    if loaded:
-        text += "; loaded: " + ", ".join(sorted(loaded))
-    return text
+    """The BLAS this process runs on (scripts/peer_blas.py, after a matmul): a dict with kind
+    (openblas, mkl, blis, reference, ...), libs (real path: kind) and desc (one line, with the
+    threads and torch's BLAS_INFO)."""
+    return blas_report(torch)

@@ -1,0 +1,172 @@
+// mnist_train's run plan (apps/mnist_train/run_plan.h): what a run derives from its flags and
+// its job, rule by rule, without starting ranks.
+#include <optional>
+
+#include <catch2/catch.hpp>
+
+#include "options.h"
+#include "ringtrain/check.h"
+#include "run_plan.h"
+
+using namespace ringtrain;
+using namespace ringtrain::app;
+
+namespace {
+
+JobShape one_node(int ranks, int cores = 64) {
+  return JobShape{.ranks = ranks,
+                  .data_ranks = ranks,
+                  .local_size = ranks,
+                  .cores = cores,
+                  .device = Device::kCpu,
+                  .train_images = 60000};
+}
+
+ExitCode code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& error) {
+    return error.code();
+  }
+  FAIL("no error was thrown");
+  return ExitCode::kOk;
+}
+
+}  // namespace
+
+TEST_CASE("plan: the global batch is ranks x --batch-size; an epoch drops its last partial batch",
+          "[run_plan]") {
+  Options o;
+  o.batch_size = 48;
+  o.epochs = 2;
+  const RunPlan plan = plan_run(o, one_node(3), std::nullopt);
+  CHECK(plan.batch_size == 48);
+  CHECK(plan.global_batch == 144);
+  CHECK(plan.steps_per_epoch == 60000 / 144);
+  CHECK(plan.total_steps == 2 * (60000 / 144));
+  CHECK(plan.start_step == 0);
+  CHECK(plan.resume_note.empty());
+  o.steps = 7;  // --steps wins over --epochs
+  CHECK(plan_run(o, one_node(3), std::nullopt).total_steps == 7);
+}
+
+TEST_CASE("plan: a resume keeps the checkpoint's global batch on another rank count",
+          "[run_plan]") {
+  Options o;
+  const ResumePoint written_by_two{.step = 40, .global_batch = 96, .ranks = 2};
+  const RunPlan on_four = plan_run(o, one_node(4), written_by_two);
+  CHECK(on_four.batch_size == 24);
+  CHECK(on_four.global_batch == 96);
+  CHECK(on_four.start_step == 40);
+  CHECK_THAT(on_four.resume_note, Catch::Contains("2-rank checkpoint on 4 ranks"));
+  CHECK(plan_run(o, one_node(2), written_by_two).resume_note.empty());
+  // A global batch that the ranks cannot share, or a --batch-size that changes it: refused on
+  // every rank as bad input.
+  CHECK(code_of([&] { plan_run(o, one_node(5), written_by_two); }) == ExitCode::kBadInput);
+  o.batch_size = 32;
+  o.batch_size_given = true;
+  CHECK(code_of([&] { plan_run(o, one_node(2), written_by_two); }) == ExitCode::kBadInput);
+  o.batch_size = 48;  // the same global batch, said explicitly
+  CHECK(plan_run(o, one_node(2), written_by_two).batch_size == 48);
+}
+
+TEST_CASE("plan: ranges that only this job shows are usage errors", "[run_plan]") {
+  Options o;
+  o.batch_size = 40000;  // x 2 ranks > 60000 images
+  CHECK(code_of([&] { plan_run(o, one_node(2), std::nullopt); }) == ExitCode::kUsage);
+  o.batch_size = 30000;
+  CHECK(plan_run(o, one_node(2), std::nullopt).steps_per_epoch == 1);
+}
+
+TEST_CASE("plan: the learning-rate schedule", "[run_plan]") {
+  Options o;
+  o.batch_size = 32;
+  o.schedule.base_lr = 0.1f;
+  SECTION("by default the reference batch is the global batch: no scaling") {
+    const RunPlan plan = plan_run(o, one_node(4), std::nullopt);
+    CHECK(plan.schedule.global_batch == 128);
+    CHECK(plan.schedule.reference_batch == 128);
+    CHECK(plan.schedule.kind == "constant");
+  }
+  SECTION("--lr-scaling linear ramps to --lr x ranks over --warmup-epochs") {
+    o.lr_scaling = LrScaling::kLinear;
+    o.warmup_epochs = 0.5;
+    const RunPlan plan = plan_run(o, one_node(4), std::nullopt);
+    CHECK(plan.schedule.kind == "linear-warmup");
+    CHECK(plan.schedule.reference_batch == 32);
+    CHECK(plan.schedule.warmup_steps == plan.steps_per_epoch / 2);
+    CHECK(learning_rate(plan.schedule, plan.schedule.warmup_steps) == Approx(0.4f));
+  }
+  SECTION("--lr-scaling linear cannot be combined with a decaying schedule") {
+    o.lr_scaling = LrScaling::kLinear;
+    o.schedule.kind = "exponential";
+    o.schedule.decay_steps = 10;
+    CHECK_THROWS_WITH(plan_run(o, one_node(2), std::nullopt),
+                      Catch::Contains("--lr-scaling linear"));
+  }
+}
+
+TEST_CASE("plan: whether gradients are averaged, in what buckets, and whether they overlap",
+          "[run_plan]") {
+  Options o;
+  o.first_bucket_mb = 0.25;
+  o.fusion_threshold_mb = 4.0;
+  SECTION("one rank averages nothing; several do, in buckets of the given sizes") {
+    CHECK_FALSE(plan_run(o, one_node(1), std::nullopt).average_gradients);
+    const RunPlan plan = plan_run(o, one_node(2), std::nullopt);
+    CHECK(plan.average_gradients);
+    CHECK(plan.grad_sync.first_bucket_elements == 62500);
+    CHECK(plan.grad_sync.bucket_elements == 1000000);
+  }
+  SECTION("local SGD averages parameters, not gradients") {
+    o.strategy = Strategy::kLocalSgd;
+    CHECK_FALSE(plan_run(o, one_node(4), std::nullopt).average_gradients);
+  }
+  SECTION("a slowed host transport averages even on one rank (the overlap tests)") {
+    o.test_comm_delay_ms = 5;
+    CHECK(plan_run(o, one_node(1), std::nullopt).average_gradients);
+  }
+  SECTION("--overlap auto: off where the ranks' threads fill one node's cores, else on") {
+    o.threads = 1;
+    CHECK_FALSE(plan_run(o, one_node(2, /*cores=*/2), std::nullopt).grad_sync.overlap);
+    CHECK(plan_run(o, one_node(2, /*cores=*/8), std::nullopt).grad_sync.overlap);
+    JobShape two_nodes = one_node(4, /*cores=*/2);
+    two_nodes.local_size = 2;
+    CHECK(plan_run(o, two_nodes, std::nullopt).grad_sync.overlap);
+    JobShape gpu = one_node(2, /*cores=*/2);
+    gpu.device = Device::kCuda;
+    const RunPlan on_gpu = plan_run(o, gpu, std::nullopt);
+    CHECK(on_gpu.grad_sync.overlap);
+    CHECK_THAT(on_gpu.overlap_reason, Catch::Contains("communication stream"));
+  }
+  SECTION("--overlap on and off are obeyed") {
+    o.overlap = OverlapChoice::kOn;
+    CHECK(plan_run(o, one_node(2, 2), std::nullopt).grad_sync.overlap);
+    o.overlap = OverlapChoice::kOff;
+    CHECK_FALSE(plan_run(o, one_node(2, 64), std::nullopt).grad_sync.overlap);
+    CHECK(plan_run(o, one_node(2, 64), std::nullopt).overlap_reason == "set by flag");
+  }
+}
+
+TEST_CASE("flag rules: strategy flags, test ranks and device needs", "[run_plan]") {
+  Options o;
+  o.flags_given = {"--average-every"};
+  CHECK(code_of([&] { check_flag_combinations(o, 2); }) == ExitCode::kUsage);
+  o.strategy = Strategy::kLocalSgd;
+  check_flag_combinations(o, 2);
+  CHECK(o.device == "cpu");  // local SGD runs on host buffers
+  Options ps;
+  ps.strategy = Strategy::kParameterServers;
+  ps.num_ps = 2;
+  CHECK(code_of([&] { check_flag_combinations(ps, 2); }) == ExitCode::kUsage);  // no worker
+  Options test_rank;
+  test_rank.test_fail_rank = 3;
+  CHECK(code_of([&] { check_flag_combinations(test_rank, 3); }) == ExitCode::kUsage);
+  Options graphs;
+  graphs.cuda_graphs = true;
+  const DeviceChoice cpu{.device = Device::kCpu, .gpu = -1, .why = "no GPU"};
+  CHECK(code_of([&] { check_device_flags(graphs, 1, cpu); }) == ExitCode::kUsage);
+  const DeviceChoice gpu{.device = Device::kCuda, .gpu = 0, .why = "asked"};
+  CHECK(code_of([&] { check_device_flags(graphs, 2, gpu); }) == ExitCode::kUsage);
+  check_device_flags(graphs, 1, gpu);
+}
