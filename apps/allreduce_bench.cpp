@@ -2,12 +2,14 @@
 // MPI_Allreduce, under mpirun, with nccl-tests' flags (-b -e -f -n -w -c) and table
 // (size count type redop | time algbw busbw #wrong).
 //
-// --device cuda (GPU build) runs on device memory, one GPU per rank (the local rank's): ring is
-// the ring over NCCL send/recv (ring_allreduce_device on NcclComm), nccl is ncclAllReduce, and
-// staged is the host-staged ring (copy down, the ring over MPI, copy back); both = ring + nccl.
-// Each timed loop queues its allreduces on the communication stream and synchronises once at
-// the end, as a training step would. When ranks share a GPU (more ranks on a node than visible
-// GPUs), NCCL cannot run: ring falls back to staged, with a line saying why, and nccl is refused.
+// Every backend is an Allreduce built by make_allreduce (allreduce.h), as the trainer builds its
+// own. --device cuda (GPU build) runs on device memory, one GPU per rank (the local rank's, a
+// DeviceSession): ring is the ring over NCCL send/recv (ring_allreduce_device on NcclComm), nccl
+// is ncclAllReduce, and staged is the host-staged ring (copy down, the ring over MPI, copy
+// back); both = ring + nccl. Each timed loop queues its allreduces on the communication stream
+// and synchronises once at the end, as a training step would. When ranks share a GPU (more
+// ranks on a node than visible GPUs), NCCL cannot run: ring falls back to staged, with a line
+// saying why, and nccl is refused.
 //
 // Per size: time = (slowest rank's wall time for n back-to-back allreduces after a barrier) / n;
 // algbw = size / time; busbw = algbw * 2(N-1)/N, the ring's per-rank traffic, so busbw is
@@ -23,6 +25,7 @@
 // ranks must also end with bit-identical buffers (a hash per rank, gathered). Any mismatch
 // counts in #wrong, and the run exits 1.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -45,17 +48,17 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "ringtrain/allreduce.h"
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
+#include "ringtrain/context.h"
+#include "ringtrain/device_session.h"
 #include "ringtrain/gpu.h"
+#include "ringtrain/gpu_context.h"
 #include "ringtrain/log.h"
 #include "ringtrain/mpi_comm.h"
 #include "ringtrain/ring.h"
-#ifdef RINGTRAIN_HAVE_GPU
-#include "ringtrain/cuda_check.h"
-#include "ringtrain/nccl_comm.h"
-#include "ringtrain/staged_ring.h"
-#endif
+#include "ringtrain/tensor.h"
 
 namespace {
 
@@ -308,24 +311,83 @@ uint64_t count_mismatches(const float* data, size_t count, int ranks, ReduceOp o
   return wrong;
 }
 
-// Where the buffer lives and how each backend reduces it. The buffer (and every scratch) is
-// allocated once, at the largest size.
+// One Allreduce (allreduce.h) per backend, built by make_allreduce as the trainer builds its
+// own: ring and mpi on the host are ring_allreduce and MPI_Allreduce over the MpiComm; on a
+// GPU, ring is the ring over NCCL send/recv, nccl is ncclAllReduce, and staged is the
+// host-staged ring. Indexed by Backend.
+using AllreduceSet = std::array<std::unique_ptr<Allreduce>, kBackends>;
+
+AllreduceConfig config_of(Backend backend, const Plan& plan, double timeout_s) {
+  const bool library = backend == Backend::kMpi || backend == Backend::kNccl;
+  return {.algorithm = library ? AllreduceAlgorithm::kLibrary : AllreduceAlgorithm::kRing,
+          .device = plan.cuda ? Device::kCuda : Device::kCpu,
+          .ring = plan.ring,
+          .timeout_s = timeout_s,
+          .host_staged = backend == Backend::kStaged};
+}
+
+// Builds plan.backends' Allreduces, each reserved for the largest size. On a GPU the factory
+// decides, collectively, whether ranks share a GPU (more ranks on a node than visible GPUs,
+// which NCCL refuses): then it makes the host-staged ring whatever was asked, so ring becomes
+// staged (said once) and nccl is refused, with a UsageError on every rank alike.
+AllreduceSet make_allreduces(MpiComm& comm, Plan& plan, const Context& ctx, size_t max_count) {
+  AllreduceSet set;
+  for (Backend& backend : plan.backends) {
+    auto allreduce = make_allreduce(comm, config_of(backend, plan, comm.timeout()), ctx);
+    if (allreduce->kind() == AllreduceKind::kStagedRing && backend != Backend::kStaged) {
+      if (std::find(plan.backends.begin(), plan.backends.end(), Backend::kNccl) !=
+          plan.backends.end()) {
+        throw UsageError(
+            "--backend nccl: ranks share a GPU (more ranks on a node than visible GPUs), which "
+            "NCCL refuses; use --backend staged, or one rank per GPU");
+      }
+      backend = Backend::kStaged;
+      if (comm.rank() == 0)
+        spdlog::info("--backend ring runs host-staged (staged): ranks share a GPU");
+    }
+    allreduce->reserve(max_count);
+    set[static_cast<size_t>(backend)] = std::move(allreduce);
+  }
+  return set;
+}
+
+// Where the buffer lives; each backend's Allreduce reduces it. The buffer (and every scratch)
+// is allocated once, at the largest size.
 class Target {
  public:
+  explicit Target(AllreduceSet allreduces) : allreduces_(std::move(allreduces)) {}
   virtual ~Target() = default;
+  Target(const Target&) = delete;
+  Target& operator=(const Target&) = delete;
+
   // Fills the buffer's first `count` elements with fill_pattern for this rank.
   virtual void fill(size_t count, int rank) = 0;
   // Runs (host) or queues (device) one allreduce of the buffer's first `count` elements.
-  virtual void allreduce(Backend backend, size_t count, ReduceOp op) = 0;
+  void allreduce(Backend backend, size_t count, ReduceOp op) {
+    allreduces_[static_cast<size_t>(backend)]->run(data(), count, op);
+  }
   // Returns when everything queued has completed (a no-op on the host).
   virtual void complete() = 0;
   // The first `count` elements on the host, after complete().
   virtual const float* result(size_t count) = 0;
+
+ protected:
+  virtual float* data() = 0;
+  // On the way to abort_job: the NCCL communicators give up on their peers, so that nothing
+  // freed after this waits for a stream that a dead peer holds.
+  void abort_allreduces() noexcept {
+    for (auto& allreduce : allreduces_) {
+      if (allreduce) allreduce->abort();
+    }
+  }
+
+ private:
+  AllreduceSet allreduces_;
 };
 
 class HostTarget final : public Target {
  public:
-  HostTarget(MpiComm& comm, size_t max_count, const RingOptions& ring) : comm_(comm), ring_(ring) {
+  HostTarget(AllreduceSet allreduces, size_t max_count) : Target(std::move(allreduces)) {
     try {
       buffer_.resize(max_count);
     } catch (const std::bad_alloc&) {
@@ -333,112 +395,58 @@ class HostTarget final : public Target {
     }
   }
   void fill(size_t count, int rank) override { fill_pattern(buffer_.data(), count, rank); }
-  void allreduce(Backend backend, size_t count, ReduceOp op) override {
-    if (backend == Backend::kRing) {
-      ring_allreduce(comm_, buffer_.data(), count, op, scratch_, ring_);
-    } else {
-      comm_.allreduce_library(buffer_.data(), count, op);
-    }
-  }
   void complete() override {}
   const float* result(size_t) override { return buffer_.data(); }
 
  private:
-  MpiComm& comm_;
-  const RingOptions& ring_;
+  float* data() override { return buffer_.data(); }
   std::vector<float> buffer_;
-  RingScratch scratch_;
 };
 
-#ifdef RINGTRAIN_HAVE_GPU
-// Device memory on the local rank's GPU. With its own GPU per rank: an NcclComm (ring over
-// NCCL send/recv, ncclAllReduce) whose stream also carries the staged path's copies; with ranks
-// sharing a GPU: no NCCL, only the staged path, on a stream of its own.
+// Device memory on the rank's GPU (the DeviceSession's), filled and read back through the
+// communication stream, on which every device Allreduce queues its work.
 class DeviceTarget final : public Target {
  public:
-  DeviceTarget(MpiComm& comm, size_t max_count, const RingOptions& ring, bool shared_gpu, int gpus)
-      : comm_(comm), ring_(ring), host_(max_count) {
-    if (shared_gpu) {
-      RINGTRAIN_CHECK_CUDA(cudaSetDevice(comm.local_rank() % gpus));
-      RINGTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
-      stream_ = own_stream_;
-    } else {
-      nccl_.emplace(comm, NcclOptions{.timeout_s = comm.timeout()});
-      stream_ = nccl_->stream();
+  DeviceTarget(AllreduceSet allreduces, MpiComm& comm, const Context& ctx, size_t max_count)
+      : Target(std::move(allreduces)), comm_(comm), stream_(ctx.comm_stream), host_(max_count) {
+    const size_t elements = std::max<size_t>(max_count, 1);
+    try {
+      data_ = Tensor(Shape{static_cast<int64_t>(elements)}, Device::kCuda);
+    } catch (const std::exception& error) {
+      RINGTRAIN_FAIL("cannot allocate {} bytes of device memory for -e/--maxbytes: {}",
+                     elements * sizeof(float), error.what());
     }
-    const size_t bytes = std::max<size_t>(max_count, 1) * sizeof(float);
-    const cudaError_t status = cudaMalloc(&data_, bytes);
-    RINGTRAIN_CHECK(status == cudaSuccess,
-                    "cannot allocate {} bytes of device memory for -e/--maxbytes: {}", bytes,
-                    cudaGetErrorString(status));
-    if (nccl_) ring_scratch_.reserve(max_count, comm.size(), ring);
-    staging_.reserve(max_count);
   }
   ~DeviceTarget() override {
-    if (std::uncaught_exceptions() > 0) {
-      // On the way to abort_job: waiting for a stream that a dead peer holds would hang.
-      if (nccl_) nccl_->abort();
-      return;
-    }
-    if (own_stream_ != nullptr) cudaStreamSynchronize(own_stream_);
-    if (nccl_ && !nccl_->aborted()) cudaStreamSynchronize(nccl_->stream());
-    cudaFree(data_);
-    if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
+    if (std::uncaught_exceptions() > 0) abort_allreduces();
   }
-  DeviceTarget(const DeviceTarget&) = delete;
-  DeviceTarget& operator=(const DeviceTarget&) = delete;
 
   void fill(size_t count, int rank) override {
     fill_pattern(host_.data(), count, rank);
     // The host vector is pageable: this copy has left it when the call returns.
-    if (count > 0)
-      RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(data_, host_.data(), count * sizeof(float),
-                                           cudaMemcpyHostToDevice, stream_));
+    copy_floats_async(data_.data(), Device::kCuda, host_.data(), Device::kCpu,
+                      static_cast<int64_t>(count), stream_);
   }
-  void allreduce(Backend backend, size_t count, ReduceOp op) override {
-    switch (backend) {
-      case Backend::kRing:
-        ring_allreduce_device(*nccl_, data_, count, op, ring_scratch_, ring_);
-        break;
-      case Backend::kNccl:
-        nccl_->allreduce_library(data_, count, op);
-        break;
-      case Backend::kStaged:
-        staged_ring_allreduce(comm_, data_, count, op, host_scratch_, staging_, stream_, ring_,
-                              {.timeout_s = comm_.timeout()});
-        break;
-      case Backend::kMpi:
-        RINGTRAIN_FAIL("the mpi backend has no device memory path");
-    }
-  }
+  // Polls the stream under the MpiComm's deadline, posted on its board: a peer that died
+  // mid-collective is an error here, not a hang.
   void complete() override {
-    if (nccl_) {
-      nccl_->synchronize();
-    } else {
-      RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    }
+    wait_for_stream(stream_, &comm_.board(), "the communication stream", comm_.timeout());
   }
   const float* result(size_t count) override {
-    if (count > 0)
-      RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(host_.data(), data_, count * sizeof(float),
-                                           cudaMemcpyDeviceToHost, stream_));
+    copy_floats_async(host_.data(), Device::kCpu, data_.data(), Device::kCuda,
+                      static_cast<int64_t>(count), stream_);
     complete();
     return host_.data();
   }
 
  private:
+  float* data() override { return data_.data(); }
+
   MpiComm& comm_;
-  const RingOptions& ring_;
+  void* stream_;  // cudaStream_t
   std::vector<float> host_;
-  std::optional<NcclComm> nccl_;
-  cudaStream_t own_stream_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  float* data_ = nullptr;
-  DeviceRingScratch ring_scratch_;
-  RingScratch host_scratch_;
-  HostStaging staging_;
+  Tensor data_;
 };
-#endif
 
 // One checked allreduce of `count` elements; returns #wrong summed over ranks (the same on all):
 // mismatched elements on every rank plus the ranks whose bits differ from rank 0's.
@@ -632,10 +640,7 @@ void print_preamble(MpiComm& comm, const Plan& plan, const std::string& command)
       plan.min_bytes, plan.max_bytes, plan.factor, plan.warmup_iters, plan.iters, plan.repeats,
       plan.check ? 1 : 0);
   if (plan.cuda) {
-#ifdef RINGTRAIN_HAVE_GPU
-    fmt::print("# device: cuda, device memory on the local rank's GPU; NCCL {}.{}.{}\n", NCCL_MAJOR,
-               NCCL_MINOR, NCCL_PATCH);
-#endif
+    fmt::print("# device: cuda, device memory on the local rank's GPU; NCCL {}\n", nccl_version());
   }
   const std::string segments =
       fmt::format("segments of {} elements ({} KiB), window {}", plan.ring.segment_elements,
@@ -685,21 +690,14 @@ void print_preamble(MpiComm& comm, const Plan& plan, const std::string& command)
   fmt::print("#\n");
 }
 
-// What --device cuda finds on the machine, the same on every rank (collective).
-struct DeviceSetup {
-  bool shared_gpu = false;  // some node runs more ranks than it has GPUs: no NCCL
-  int gpus = 0;             // visible on this rank's node
-};
-
-// For --device cuda: every rank must see a GPU; when ranks share one, ring runs host-staged
-// (said once) and nccl is refused. Throws UsageError on every rank alike.
-DeviceSetup setup_device(MpiComm& comm, Plan& plan) {
-  DeviceSetup setup;
-  if (!plan.cuda) return setup;
-#ifdef RINGTRAIN_HAVE_GPU
+// For --device cuda: every rank must see a GPU (collective, so that every rank throws the
+// same UsageError). Whether ranks share one is the device Allreduce factory's decision
+// (make_allreduces).
+void check_gpus(MpiComm& comm, const Plan& plan) {
+  if (!plan.cuda) return;
   std::string why;
-  setup.gpus = visible_gpus(&why);
-  const auto all = allgather_value(comm, setup.gpus);
+  const int gpus = visible_gpus(&why);
+  const auto all = allgather_value(comm, gpus);
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r] == 0) {
       throw UsageError(fmt::format("--device cuda: rank {} sees no GPU{}{}", r,
@@ -707,43 +705,38 @@ DeviceSetup setup_device(MpiComm& comm, Plan& plan) {
                                    r == static_cast<size_t>(comm.rank()) ? why : ""));
     }
   }
-  setup.shared_gpu = ranks_share_a_gpu(comm, setup.gpus);
-  if (setup.shared_gpu) {
-    if (std::find(plan.backends.begin(), plan.backends.end(), Backend::kNccl) !=
-        plan.backends.end()) {
-      throw UsageError(
-          "--backend nccl: ranks share a GPU (more ranks on a node than visible GPUs), which "
-          "NCCL refuses; use --backend staged, or one rank per GPU");
-    }
-    for (Backend& backend : plan.backends) {
-      if (backend == Backend::kRing) {
-        backend = Backend::kStaged;
-        if (comm.rank() == 0)
-          spdlog::info("--backend ring runs host-staged (staged): ranks share a GPU");
-      }
-    }
-  }
-#else
-  (void)comm;
-#endif
-  return setup;
 }
 
-int run(MpiComm& comm, const Plan& plan, const Options& options, const std::string& command,
-        const DeviceSetup& device) {
+// A bad flag value, or a configuration the machine cannot run: rank 0 explains, and every rank
+// exits 2.
+int usage_failure(MpiComm& comm, const std::exception& error) {
+  if (comm.rank() == 0) {
+    fmt::print(stderr, "allreduce_bench: {}\nRun with --help for more information.\n",
+               error.what());
+  }
+  return 2;
+}
+
+int run(MpiComm& comm, Plan& plan, const Options& options, const std::string& command) {
   const int rank = comm.rank();
   const size_t max_count = plan.max_bytes / sizeof(float);
+  // The local rank's GPU (local rank modulo the visible GPUs, as the trainer picks it).
+  DeviceSession session(plan.cuda ? choose_device("cuda", comm.local_rank(), comm.local_size())
+                                  : DeviceChoice{});
+  AllreduceSet allreduces;
+  try {
+    allreduces = make_allreduces(comm, plan, session.context(), max_count);
+  } catch (const UsageError& error) {
+    // The same on every rank: the factory's choice is collective.
+    return usage_failure(comm, error);
+  }
   std::unique_ptr<Target> target;
   if (plan.cuda) {
-#ifdef RINGTRAIN_HAVE_GPU
     target =
-        std::make_unique<DeviceTarget>(comm, max_count, plan.ring, device.shared_gpu, device.gpus);
-#endif
+        std::make_unique<DeviceTarget>(std::move(allreduces), comm, session.context(), max_count);
   } else {
-    target = std::make_unique<HostTarget>(comm, max_count, plan.ring);
+    target = std::make_unique<HostTarget>(std::move(allreduces), max_count);
   }
-  (void)device;
-  RINGTRAIN_CHECK(target != nullptr, "--device cuda in a build without the GPU path");
 
   std::optional<Report> report;
   if (rank == 0) report.emplace(plan, comm.size(), plan.backends.size() > 1, options.csv);
@@ -815,19 +808,14 @@ int bench_main(int argc, char** argv) {
       return code == 0 ? 0 : 2;
     }
     std::optional<Plan> plan;
-    DeviceSetup device;
     try {
       setup_logging(comm.rank(), options.log_level);
       plan = make_plan(options);
-      device = setup_device(comm, *plan);
+      check_gpus(comm, *plan);
     } catch (const std::exception& error) {  // UsageError, or the flag checks of the library
-      if (comm.rank() == 0) {
-        fmt::print(stderr, "allreduce_bench: {}\nRun with --help for more information.\n",
-                   error.what());
-      }
-      return 2;
+      return usage_failure(comm, error);
     }
-    return run(comm, *plan, options, command_line(argc, argv), device);
+    return run(comm, *plan, options, command_line(argc, argv));
   } catch (const std::exception& error) {
     spdlog::error("{}", error.what());
     std::fflush(stdout);

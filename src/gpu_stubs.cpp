@@ -1,13 +1,16 @@
 // The CPU-only build's definitions of the GPU entry points (gpu_ops.h, the device optimizer,
-// the device step): each throws, saying that this build has no GPU path. They are reachable
+// the device allreduce and gradient averaging, the device step and data set, the stream wait
+// of gpu_context.h): each throws, saying that this build has no GPU path. They are reachable
 // only with a CUDA Context, which this build cannot make (choose_device never picks cuda
-// here), so they exist to keep the layers and the step free of #ifdef.
+// here), so they exist to keep the layers, the step and the apps free of #ifdef. The one
+// exception is step_graph_captures, which answers 0: callers ask it whatever the device.
 #ifndef RINGTRAIN_HAVE_GPU
 
 #include "ringtrain/allreduce.h"
 #include "ringtrain/check.h"
-#include "ringtrain/grad_sync.h"
+#include "ringtrain/gpu_context.h"
 #include "ringtrain/gpu_ops.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/train.h"
 
@@ -68,32 +71,41 @@ namespace detail {
 std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig&, int64_t, void*) {
   no_gpu("an optimizer on the GPU");
 }
-}  // namespace detail
 
-namespace detail {
+std::unique_ptr<Allreduce> make_device_allreduce(Comm&, const AllreduceConfig&, const Context&) {
+  no_gpu("an allreduce of device memory");
+}
+
+std::unique_ptr<GradSync> make_stream_grad_sync(float*, std::vector<Bucket>, Allreduce&, bool,
+                                                const Context&) {
+  no_gpu("averaging gradients on the GPU");
+}
+
 StepStats train_step_device(Model&, Optimizer&, const StepInput&, float, StepWorkspace&, Context&,
                             GradSync*, const BeforeUpdateFn&) {
   no_gpu("a training step on the GPU");
 }
-std::unique_ptr<Allreduce> make_device_allreduce(Comm&, const AllreduceConfig&, const Context&) {
-  no_gpu("averaging device memory");
-}
-std::unique_ptr<GradSync> make_stream_grad_sync(float*, std::vector<Bucket>, Allreduce&, bool,
-                                                const Context&) {
-  no_gpu("averaging gradients on a GPU stream");
-}
 }  // namespace detail
 
+// The device step's state type stays incomplete here; no workspace of this build holds one.
 int64_t step_graph_captures(const StepWorkspace&) {
-  return 0;  // nothing is captured without a GPU
+  return 0;
 }
 
 std::shared_ptr<const DeviceDataset> upload_dataset(const Dataset&, int64_t) {
-  no_gpu("a training set on the GPU");
+  no_gpu("a data set on the GPU (--data-on-gpu)");
 }
 
 int64_t device_dataset_bytes(const DeviceDataset&) {
-  no_gpu("a training set on the GPU");
+  no_gpu("a data set on the GPU (--data-on-gpu)");
+}
+
+void wait_for_stream(void*, ProgressBoard*, const char*, double) {
+  no_gpu("waiting for a GPU stream");
+}
+
+std::string nccl_version() {
+  no_gpu("NCCL");
 }
 
 EvalResult evaluate_batch_device(Model&, const Batch&, Context&) {

@@ -63,6 +63,10 @@ struct AllreduceConfig {
   // What each run() posts as the phase on the host communicator's progress board, for the
   // watchdog's reports ("gradient allreduce"); a string literal. Null: the caller's phase.
   const char* phase = nullptr;
+  // Device kinds: the host-staged ring even where every rank has a GPU of its own (ranks that
+  // share one get it whatever this says). Only allreduce_bench --backend staged wants it: a
+  // trainer with its own GPUs is better served by NCCL.
+  bool host_staged = false;
   // Host kinds, tests only: each run() first sleeps this long (a slowed transport, so that the
   // overlap tests can see communication hide behind backward).
   double test_delay_ms = 0.0;

@@ -50,6 +50,12 @@ void set_current_gpu(int gpu);
 // whose peer stalled or died is seen by the collective watchdog (a cudaStreamSynchronize would
 // block out of its sight, forever); timeout_s > 0 also throws after that long without
 // completion. Without a board it is a plain cudaStreamSynchronize.
+// (Declared in every build, like the rest of this header; the CPU-only build's stub throws, so
+// that code which waits only in a CUDA branch needs no #ifdef.)
 void wait_for_stream(void* stream, ProgressBoard* board, const char* what, double timeout_s = 0);
+
+// The NCCL this binary was built against, "2.28.3", for reports (allreduce_bench's preamble);
+// the CPU-only build's stub throws.
+std::string nccl_version();
 
 }  // namespace ringtrain

@@ -139,7 +139,7 @@ class NcclComm final : public Comm {
   // Gives up on the communicator now (ncclCommAbort): for a rank that learned of a failure
   // elsewhere (another rank's error over MPI) and must not wait for its peers. Every later call
   // throws; the destructor then only frees memory.
-  void abort();
+  void abort() noexcept;
 
   cudaStream_t stream() const { return stream_; }
   ncclComm_t handle() const { return comm_; }

@@ -43,7 +43,7 @@ struct StepStats {
   std::optional<bool> graph_replayed;
 };
 
-struct DeviceStepState;  // the device step's buffers (src/cuda/train_gpu.cpp)
+struct DeviceStepState;  // the device step's buffers (src/cuda/device_step.h)
 struct StepWorkspace {
   Tensor dlogits;                           // [B, classes], on the model's device
   std::shared_ptr<DeviceStepState> device;  // device steps: images, labels, loss statistics

@@ -40,9 +40,9 @@
 //
 // Plans (descriptors, the chosen algorithms, scratch buffers) are cached per (cuDNN handle,
 // stream, device, shape) and built once: a step in steady state allocates nothing (steps
-// captured in CUDA graphs may not allocate; train_step_device runs a shape eagerly before it
+// captured in CUDA graphs may not allocate; the device step runs a shape eagerly before it
 // captures it, which builds the plans, and note_device_allocation() tells it when a plan was
-// built since). See PlanCache.
+// built since: step_graph.h). See PlanCache.
 #include "cudnn_layers.h"
 
 #include <cuda_runtime.h>

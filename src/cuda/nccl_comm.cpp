@@ -37,6 +37,7 @@
 #include "kernels.h"
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/gpu.h"
+#include "ringtrain/gpu_context.h"
 
 namespace ringtrain {
 
@@ -60,6 +61,10 @@ Clock::time_point deadline_after(double seconds) {
 }
 
 }  // namespace
+
+std::string nccl_version() {
+  return fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+}
 
 // ---- NcclComm ----
 
@@ -289,7 +294,7 @@ void NcclComm::synchronize() {
   }
 }
 
-void NcclComm::abort() {
+void NcclComm::abort() noexcept {
   if (aborted_ || comm_ == nullptr) return;
   aborted_ = true;
   ncclCommAbort(comm_);

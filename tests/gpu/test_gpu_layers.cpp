@@ -329,7 +329,7 @@ TEST_CASE("GPU gradients agree with finite differences of the GPU loss", "[gpu][
   // The analytic gradient: one step with a zero learning rate leaves the parameters alone.
   auto sgd = make_optimizer(OptimizerConfig{}, model.num_params(), ctx);
   StepWorkspace workspace;
-  train_step_device(model, *sgd, batch, 0.0f, workspace, ctx);
+  train_step(model, *sgd, batch, 0.0f, workspace, ctx);
   const std::vector<float> grads = model.grads().to_host();
   std::vector<float> params = model.params_to_host();
   const auto loss_at = [&](const std::vector<float>& p) {

@@ -7,8 +7,10 @@
 // after 5 steps. Adam divides by sqrt(v): a gradient near 0 whose last bits differ can move
 // its weight by up to 2 lr per step, so Adam is checked by the mean difference (<= 1e-5) and
 // the bound 2 lr k on the largest.
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -16,8 +18,9 @@
 #include "device_buffer.h"
 #include "gather.h"
 #include "kernels.h"
-#include "ringtrain/device_bucketer.h"
+#include "ringtrain/allreduce.h"
 #include "ringtrain/gpu_context.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/optim_math.h"
@@ -76,7 +79,7 @@ void train_both(const std::string& model_name, const OptimizerConfig& config, fl
   for (int step = 0; step < steps; ++step) {
     const Batch batch = synthetic_batch(32, 1000 + static_cast<uint32_t>(step));
     const StepStats c = train_step(*cpu, *cpu_opt, batch, lr, cpu_ws, cctx);
-    const StepStats g = train_step_device(*gpu, *gpu_opt, batch, lr, gpu_ws, gctx);
+    const StepStats g = train_step(*gpu, *gpu_opt, batch, lr, gpu_ws, gctx);
     INFO(model_name << " " << config.kind << " step " << step << ": loss cpu " << c.loss << " gpu "
                     << g.loss);
     CHECK(std::abs(c.loss - g.loss) <= 1e-4 * (1.0 + std::abs(c.loss)));
@@ -119,8 +122,8 @@ TEST_CASE("a GPU run is deterministic: the same bits twice", "[gpu][training]") 
     auto opt = make_optimizer({.kind = "adam"}, model->num_params(), ctx);
     StepWorkspace ws;
     for (int step = 0; step < 3; ++step)
-      train_step_device(*model, *opt, synthetic_batch(16, 50 + static_cast<uint32_t>(step)), 1e-3f,
-                        ws, ctx);
+      train_step(*model, *opt, synthetic_batch(16, 50 + static_cast<uint32_t>(step)), 1e-3f, ws,
+                 ctx);
     if (run == 0) {
       first = model->params_to_host();
     } else {
@@ -140,24 +143,51 @@ TEST_CASE("the device step's guard sees the loss and the gradients' finite count
   Batch batch = synthetic_batch(8, 3);
   batch.images[0] = std::nanf("");
   bool called = false;
-  const StepStats stats = train_step_device(*model, *opt, batch, 0.1f, ws, ctx, nullptr,
-                                            [&](const StepStats& s, std::span<const float> grads) {
-                                              called = true;
-                                              CHECK(grads.empty());
-                                              REQUIRE(s.grads_finite.has_value());
-                                              CHECK_FALSE(*s.grads_finite);
-                                              CHECK_FALSE(std::isfinite(s.loss));
-                                              return false;
-                                            });
+  const StepStats stats = train_step(*model, *opt, batch, 0.1f, ws, ctx, nullptr,
+                                     [&](const StepStats& s, std::span<const float> grads) {
+                                       called = true;
+                                       CHECK(grads.empty());
+                                       REQUIRE(s.grads_finite.has_value());
+                                       CHECK_FALSE(*s.grads_finite);
+                                       CHECK_FALSE(std::isfinite(s.loss));
+                                       return false;
+                                     });
   CHECK(called);
   CHECK_FALSE(stats.updated);
   CHECK(model->params_to_host() == before);  // skipped: nothing changed
 }
 
-TEST_CASE("the stream overlap engine: the optimizer waits for the communication stream",
-          "[gpu][bucketer]") {
+namespace {
+
+// A stand-in for a device Allreduce: run() scales the bucket by `factor` with a kernel queued on
+// the communication stream, as the NCCL kinds queue theirs, and records which buckets it got.
+class ScalingAllreduce final : public Allreduce {
+ public:
+  ScalingAllreduce(const Context& ctx, const float& factor)
+      : stream_(static_cast<cudaStream_t>(ctx.comm_stream)), factor_(factor) {}
+  void run(float* data, size_t count, ReduceOp op) override {
+    REQUIRE(op == ReduceOp::kAvg);  // on the test's thread: the stream engine has none
+    gpu::scale(data, factor_, static_cast<int64_t>(count), stream_);
+    runs.push_back({data, count});
+  }
+  AllreduceKind kind() const override { return AllreduceKind::kDeviceRing; }
+  void reserve(size_t count) override { reserved = std::max(reserved, count); }
+  int size() const override { return 2; }
+
+  std::vector<std::pair<const float*, size_t>> runs;
+  size_t reserved = 0;
+
+ private:
+  cudaStream_t stream_;
+  const float& factor_;
+};
+
+}  // namespace
+
+TEST_CASE("the stream GradSync: the optimizer waits for the communication stream",
+          "[gpu][grad_sync]") {
   Context& ctx = gpu_context().context();
-  // Two identical replicas; one averages through a DeviceGradBucketer whose "reduce" is a
+  // Two identical replicas; one averages through the stream engine whose "allreduce" is a
   // kernel on the communication stream, the other has none.
   auto plain = make_model({.name = "mlp", .hidden = {256, 256}, .device = Device::kCuda});
   auto bucketed = make_model({.name = "mlp", .hidden = {256, 256}, .device = Device::kCuda});
@@ -165,31 +195,39 @@ TEST_CASE("the stream overlap engine: the optimizer waits for the communication 
   bucketed->init_params(9);
   auto plain_opt = make_optimizer({}, plain->num_params(), ctx);
   auto bucketed_opt = make_optimizer({}, bucketed->num_params(), ctx);
-  const auto ranges = bucketed->grad_ranges();
   float factor = 1.0f;  // the identity first: the same bits as without the engine
-  DeviceGradBucketer engine(
-      ctx, bucketed->grads().data(), assign_buckets(ranges, 1000, 50000),
-      [&factor](float* data, int64_t count, void* stream) {
-        gpu::scale(data, factor, count, static_cast<cudaStream_t>(stream));
-      },
-      /*overlap=*/true);
-  REQUIRE(engine.buckets().size() > 2);
+  ScalingAllreduce allreduce(ctx, factor);
+  const auto sync = make_grad_sync(
+      bucketed->grads().data(), bucketed->grad_ranges(), allreduce,
+      {.first_bucket_elements = 1000, .bucket_elements = 50000, .overlap = true}, ctx);
+  CHECK(sync->device() == Device::kCuda);
+  CHECK(sync->overlap());
+  const std::vector<Bucket>& buckets = sync->buckets();
+  REQUIRE(buckets.size() > 2);
+  size_t largest = 0;
+  for (const Bucket& b : buckets) largest = std::max(largest, static_cast<size_t>(b.size()));
+  CHECK(allreduce.reserved == largest);  // every scratch sized before the first step
   StepWorkspace plain_ws, bucketed_ws;
   for (int step = 0; step < 3; ++step) {
     const Batch batch = synthetic_batch(16, 70 + static_cast<uint32_t>(step));
-    train_step_device(*plain, *plain_opt, batch, 0.1f, plain_ws, ctx);
-    const StepStats s =
-        train_step_device(*bucketed, *bucketed_opt, batch, 0.1f, bucketed_ws, ctx, &engine);
+    train_step(*plain, *plain_opt, batch, 0.1f, plain_ws, ctx);
+    allreduce.runs.clear();
+    const StepStats s = train_step(*bucketed, *bucketed_opt, batch, 0.1f, bucketed_ws, ctx, &*sync);
     CHECK(s.comm.comm_ms >= 0.0);
     CHECK(s.comm.exposed_ms >= 0.0);
     CHECK(bucketed->params_to_host() == plain->params_to_host());
+    // Each bucket once, in index order.
+    REQUIRE(allreduce.runs.size() == buckets.size());
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      CHECK(allreduce.runs[k].first == bucketed->grads().data() + buckets[k].begin);
+      CHECK(allreduce.runs[k].second == static_cast<size_t>(buckets[k].size()));
+    }
   }
   // Scaling the gradients to zero on the communication stream must leave plain SGD's weights
   // untouched: it would not if the update ran before the "averaging" finished.
   factor = 0.0f;
   const std::vector<float> before = bucketed->params_to_host();
-  train_step_device(*bucketed, *bucketed_opt, synthetic_batch(16, 99), 0.1f, bucketed_ws, ctx,
-                    &engine);
+  train_step(*bucketed, *bucketed_opt, synthetic_batch(16, 99), 0.1f, bucketed_ws, ctx, &*sync);
   CHECK(bucketed->params_to_host() == before);
 }
 
@@ -218,7 +256,7 @@ GraphRun train_graph_or_eager(const std::string& model_name, const OptimizerConf
   for (size_t step = 0; step < batch_sizes.size(); ++step) {
     // A learning rate that changes every step: it must reach the optimizer, outside the graph.
     const float lr = 0.01f / static_cast<float>(step + 1);
-    run.steps.push_back(train_step_device(
+    run.steps.push_back(train_step(
         *model, *opt, synthetic_batch(batch_sizes[step], 300 + static_cast<uint32_t>(step)), lr, ws,
         ctx));
     if (static_cast<int>(step) == eval_after)
@@ -293,8 +331,7 @@ TEST_CASE("a device weight average follows the host one", "[gpu][ema]") {
   CHECK_THROWS_WITH(device_ema.shadow(), Catch::Contains("shadow_to_host"));
   StepWorkspace ws;
   for (int64_t step = 0; step < 4; ++step) {
-    train_step_device(*model, *opt, synthetic_batch(16, 70 + static_cast<uint32_t>(step)), 0.05f,
-                      ws, ctx);
+    train_step(*model, *opt, synthetic_batch(16, 70 + static_cast<uint32_t>(step)), 0.05f, ws, ctx);
     const EmaFactors f = ema_factors(0.99f, step);
     device_ema.update({params.data(), static_cast<size_t>(params.numel())});
     const std::vector<float> w = model->params_to_host();
@@ -377,9 +414,9 @@ TEST_CASE("--data-on-gpu steps equal host-batch steps, eager and from graphs", "
       std::vector<int64_t> indices;
       for (int64_t r = 0; r < 24; ++r) indices.push_back((step * 37 + r * 11) % data.count);
       make_batch(data, indices, batch.images, batch.labels);
-      const StepStats h = train_step_device(*host_model, *host_opt, batch, 0.05f, host_ws, ctx);
-      const StepStats g = train_step_device(*gather_model, *gather_opt, *device_data, indices,
-                                            0.05f, gather_ws, ctx);
+      const StepStats h = train_step(*host_model, *host_opt, batch, 0.05f, host_ws, ctx);
+      const StepStats g = train_step(*gather_model, *gather_opt, StepInput(*device_data, indices),
+                                     0.05f, gather_ws, ctx);
       CHECK(g.loss == h.loss);
       CHECK(g.correct == h.correct);
       if (graphs) CHECK(g.graph_replayed == std::optional<bool>(step > 0));
@@ -388,7 +425,7 @@ TEST_CASE("--data-on-gpu steps equal host-batch steps, eager and from graphs", "
     // An index outside the data set is refused on the host, before anything is queued.
     const std::vector<int64_t> bad = {0, 200};
     CHECK_THROWS_WITH(
-        train_step_device(*gather_model, *gather_opt, *device_data, bad, 0.05f, gather_ws, ctx),
+        train_step(*gather_model, *gather_opt, StepInput(*device_data, bad), 0.05f, gather_ws, ctx),
         Catch::Contains("outside the data set"));
   }
   Dataset bad_labels = random_dataset(5, 5);
@@ -405,11 +442,10 @@ TEST_CASE("a device step runs the host's work once, while it is queued", "[gpu][
   int calls = 0;
   ws.while_device_runs = [&calls] { ++calls; };
   for (int step = 0; step < 3; ++step)
-    train_step_device(*model, *opt, synthetic_batch(8, static_cast<uint32_t>(step)), 0.01f, ws,
-                      ctx);
+    train_step(*model, *opt, synthetic_batch(8, static_cast<uint32_t>(step)), 0.01f, ws, ctx);
   CHECK(calls == 3);
   // With the --check-finite guard there are two waits; the work still runs once.
   const BeforeUpdateFn guard = [](const StepStats&, std::span<const float>) { return true; };
-  train_step_device(*model, *opt, synthetic_batch(8, 9), 0.01f, ws, ctx, nullptr, guard);
+  train_step(*model, *opt, synthetic_batch(8, 9), 0.01f, ws, ctx, nullptr, guard);
   CHECK(calls == 4);
 }
