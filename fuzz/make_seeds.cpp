@@ -12,7 +12,7 @@
 
 #include <zlib.h>
 
-#include "idx_files.h"
+#include "support/idx_files.h"
 #include "ringtrain/checkpoint.h"
 
 namespace fs = std::filesystem;

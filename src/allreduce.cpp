@@ -55,7 +55,7 @@ class HostAllreduce final : public Allreduce {
         ring_(config.ring),
         phase_(config.phase),
         delay_ms_(config.test_delay_ms) {
-    detail::check_ring_options(ring_);
+    check_ring_options(ring_);
   }
 
   void run(float* data, size_t count, ReduceOp op) override {

@@ -62,29 +62,104 @@ std::vector<CommRequest>& RingScratch::recvs(size_t n) {
   return recvs_;
 }
 
-namespace detail {
-
 void check_ring_options(const RingOptions& options) {
   RINGTRAIN_CHECK(options.segment_elements > 0 && options.window > 0,
                   "ring segments of {} elements with a window of {}: both must be positive",
                   options.segment_elements, options.window);
 }
 
-}  // namespace detail
+namespace {
 
-void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingScratch& scratch,
+int ring_mod(int value, int n) {
+  return ((value % n) + n) % n;
+}
+
+// MPI guarantees only tags up to 32767; messages between one pair with one tag still match in
+// order, so wrapping is safe.
+int segment_tag(size_t segment) {
+  return static_cast<int>(segment % 32768);
+}
+
+// One ring step: send `send_n` elements from `send` to the right neighbour while receiving
+// `recv_n` elements from the left one. With `reduce`, received segments go through the slots
+// and are added into `recv`; without, they are received straight into `recv`. This exact
+// order of calls is what the NCCL transport's grouping relies on (nccl_comm.h).
+void ring_step(Comm& comm, const float* send, size_t send_n, float* recv, size_t recv_n,
+               bool reduce, RingSlots& scratch, const RingOptions& options) {
+  const int right = (comm.rank() + 1) % comm.size();
+  const int left = (comm.rank() - 1 + comm.size()) % comm.size();
+  const size_t segment = options.segment_elements;
+  const auto window = static_cast<size_t>(options.window);
+  const size_t send_segments = (send_n + segment - 1) / segment;
+  const size_t recv_segments = (recv_n + segment - 1) / segment;
+  float* slots = reduce ? scratch.slots(std::min(window * segment, recv_n)) : nullptr;
+  std::vector<CommRequest>& sends = scratch.sends(window);
+  std::vector<CommRequest>& recvs = scratch.recvs(window);
+
+  const auto length = [segment](size_t total, size_t k) {
+    return std::min(segment, total - k * segment);
+  };
+  const auto post_recv = [&](size_t k) {
+    float* target = reduce ? slots + (k % window) * segment : recv + k * segment;
+    recvs[k % window] = comm.irecv(target, length(recv_n, k), left, segment_tag(k));
+  };
+  const auto post_send = [&](size_t k) {
+    sends[k % window] = comm.isend(send + k * segment, length(send_n, k), right, segment_tag(k));
+  };
+
+  for (size_t k = 0; k < std::min(window, recv_segments); ++k) post_recv(k);
+  for (size_t k = 0; k < std::min(window, send_segments); ++k) post_send(k);
+  for (size_t k = 0; k < std::max(send_segments, recv_segments); ++k) {
+    if (k < recv_segments) {
+      comm.wait(recvs[k % window]);
+      if (reduce)
+        comm.add_inplace(recv + k * segment, slots + (k % window) * segment, length(recv_n, k));
+      if (k + window < recv_segments) post_recv(k + window);
+    }
+    if (k < send_segments) {
+      comm.wait(sends[k % window]);
+      if (k + window < send_segments) post_send(k + window);
+    }
+  }
+}
+
+}  // namespace
+
+void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingSlots& slots,
                          const RingOptions& options) {
-  detail::ring_reduce_scatter(comm, data, count, scratch, options);
+  check_ring_options(options);
+  const int n = comm.size(), r = comm.rank();
+  for (int step = 0; step + 1 < n; ++step) {
+    const ChunkRange out = ring_chunk(count, n, ring_mod(r - step, n));
+    const ChunkRange in = ring_chunk(count, n, ring_mod(r - step - 1, n));
+    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/true, slots,
+              options);
+  }
 }
 
-void ring_allgather(Comm& comm, float* data, size_t count, RingScratch& scratch,
+void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
                     const RingOptions& options) {
-  detail::ring_allgather(comm, data, count, scratch, options);
+  check_ring_options(options);
+  const int n = comm.size(), r = comm.rank();
+  for (int step = 0; step + 1 < n; ++step) {
+    const ChunkRange out = ring_chunk(count, n, ring_mod(r + 1 - step, n));
+    const ChunkRange in = ring_chunk(count, n, ring_mod(r - step, n));
+    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/false, slots,
+              options);
+  }
 }
 
-void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingScratch& scratch,
+void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlots& slots,
                     const RingOptions& options) {
-  detail::ring_allreduce(comm, data, count, op, scratch, options);
+  const int n = comm.size();
+  ring_reduce_scatter(comm, data, count, slots, options);
+  if (op == ReduceOp::kAvg && n > 1) {
+    // Only the owner scales its finished chunk, so the allgather hands out identical bits.
+    // divide_inplace is a host loop for host transports and a kernel for device ones.
+    const ChunkRange owned = ring_chunk(count, n, (comm.rank() + 1) % n);
+    comm.divide_inplace(data + owned.begin, owned.size, static_cast<float>(n));
+  }
+  ring_allgather(comm, data, count, slots, options);
 }
 
 }  // namespace ringtrain

@@ -13,8 +13,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 trials=${CRASH_TRIALS:-20}
 seed=${CRASH_SEED:-$(( $(date +%s) % 100000 ))}
 RANDOM=$seed

@@ -15,8 +15,8 @@ shift 4
 mpi_flags=("$@")
 # The default data is Fashion-MNIST unless $RINGTRAIN_DATA or ./data/mnist says otherwise
 # (trainer_run_lib.sh unsets the first).
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 
 # launch NP trainer-flags...: mpirun -np NP mnist_train flags (stdin closed), under a timeout:
 # a hang ends with status 124, which every caller's checks count as a failure.

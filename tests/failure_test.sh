@@ -16,8 +16,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 # Same settings for every run of (a)-(c): momentum, EMA and a decaying rate, so that the
 # optimizer state, the EMA and the schedule must all be restored for the bits to match.
 common=(--steps 40 --log-every 10 --eval-batch 5000 --momentum 0.9 --ema-decay 0.99

@@ -15,8 +15,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 # Momentum, an EMA and a decaying rate: all of that state must come back for the bits to match.
 # The 4 ms pause per step on rank 0 keeps a run long enough to be signalled mid-training on a fast
 # machine; it changes no bits.

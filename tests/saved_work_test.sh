@@ -18,8 +18,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 common=(--log-every 10 --eval-batch 5000 --momentum 0.9 --seed 11 --batch-size 32)
 ckpt() { printf '%s/ckpt-%010d.rtckpt' "$1" "$2"; }
 

@@ -24,8 +24,8 @@ mpirun=$1 trainer=$2 compare=$3 np_flag=$4
 shift 4
 mpi_flags=("$@")
 summary_field="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/summary_field.py"
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 ok() {  # ok NAME: the run exited 0
   [ "$status" -eq 0 ] || fail "$1 exited $status: $(tail -n 20 "$1.log")"
   [ "$status" -eq 0 ]

@@ -28,7 +28,7 @@
 #include "ringtrain/distributed.h"
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
-#include "thread_comm.h"
+#include "support/thread_comm.h"
 
 namespace {
 

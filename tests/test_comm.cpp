@@ -17,7 +17,7 @@
 
 #include "ringtrain/check.h"
 #include "ringtrain/comm.h"
-#include "thread_comm.h"
+#include "support/thread_comm.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <zlib.h>
 #include <catch2/catch.hpp>
 
-#include "idx_files.h"
+#include "support/idx_files.h"
 #include "ringtrain/check.h"
 #include "ringtrain/data.h"
 

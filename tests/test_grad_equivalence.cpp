@@ -59,7 +59,7 @@
 #include "ringtrain/ops.h"
 #include "ringtrain/ring.h"
 #include "ringtrain/train.h"
-#include "thread_comm.h"
+#include "support/thread_comm.h"
 
 using namespace ringtrain;
 

@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "ringtrain/ring.h"
-#include "thread_comm.h"
+#include "support/thread_comm.h"
 
 using namespace ringtrain;
 

@@ -18,8 +18,8 @@ set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
 shift 3
 mpi_flags=("$@")
-# shellcheck source=tests/trainer_run_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/trainer_run_lib.sh"
+# shellcheck source=tests/support/trainer_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 timeout_s=2  # --collective-timeout of every run
 grace_s=1    # the watchdog's grace at that timeout: clamp(timeout / 2, 1, 5)
 # The longest a true stall may go on past the timeout before the job ends: the grace, the

@@ -1,5 +1,5 @@
 // When a device step replays its captured CUDA graph, captures one, or runs eagerly
-// (train_step_device with --cuda-graphs; src/cuda/train_gpu.cpp). Kept apart from CUDA so the
+// (train_step on a GPU with --cuda-graphs; src/cuda/step_graph.cpp). Kept apart from CUDA so the
 // rules are tested on any machine (tests/test_graph_policy.cpp).
 //
 // A graph bakes in every pointer it was captured with; `Key` stands for all of them (the

@@ -173,7 +173,7 @@ class NcclComm final : public Comm {
 // (cudaMalloc), or host memory when built with host_memory = true (for host transports in the
 // tests). Growing frees and allocates (cudaFree synchronises the device): call reserve() once
 // at set-up with the largest count, so that no step ever grows it.
-class DeviceRingScratch {
+class DeviceRingScratch final : public RingSlots {
  public:
   explicit DeviceRingScratch(bool host_memory = false) : host_memory_(host_memory) {}
   ~DeviceRingScratch();
@@ -181,9 +181,9 @@ class DeviceRingScratch {
   DeviceRingScratch& operator=(const DeviceRingScratch&) = delete;
 
   void reserve(size_t count, int ranks, const RingOptions& options = {});
-  float* slots(size_t elements);
-  std::vector<CommRequest>& sends(size_t n);
-  std::vector<CommRequest>& recvs(size_t n);
+  float* slots(size_t elements) override;
+  std::vector<CommRequest>& sends(size_t n) override;
+  std::vector<CommRequest>& recvs(size_t n) override;
   size_t capacity() const { return capacity_; }
 
  private:
@@ -194,9 +194,8 @@ class DeviceRingScratch {
   std::vector<CommRequest> sends_, recvs_;
 };
 
-// The ring allreduce of ring.h over a Comm whose buffers may live on a device: the very same
-// schedule (detail::ring_allreduce, the code ring_allreduce runs), with the receive slots from
-// DeviceRingScratch, reserved up front. Over NcclComm it enqueues everything on the comm stream
+// The ring allreduce of ring.h over a Comm whose buffers may live on a device: ring_allreduce
+// itself, with the receive slots from DeviceRingScratch, reserved up front. Over NcclComm it enqueues everything on the comm stream
 // and returns without waiting; over a host transport (ThreadComm, MpiComm, with a host-memory
 // scratch) it computes exactly ring_allreduce's bits.
 void ring_allreduce_device(Comm& comm, float* data, size_t count, ReduceOp op,

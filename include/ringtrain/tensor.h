@@ -99,7 +99,7 @@ void copy_floats_async(float* dst, Device dst_device, const float* src, Device s
 // How many device allocations have been made in this process so far: Tensor's, and those of
 // other device caches that call note_device_allocation(). A captured CUDA graph holds raw
 // pointers, so it is valid only while this count is what it was when the graph was captured
-// (train_step_device's graphs check it). Always 0 in the CPU-only build.
+// (the device step's graphs check it). Always 0 in the CPU-only build.
 uint64_t device_allocations();
 void note_device_allocation();
 

@@ -123,7 +123,7 @@ std::unique_ptr<Allreduce> make_device_allreduce(Comm& host, const AllreduceConf
   RINGTRAIN_CHECK(
       config.device == Device::kCuda && ctx.device == Device::kCuda && ctx.comm_stream != nullptr,
       "a device allreduce needs a CUDA context with a communication stream");
-  detail::check_ring_options(config.ring);
+  check_ring_options(config.ring);
   if (host.size() == 1) return std::make_unique<OneRankAllreduce>();
   // Collective, before anything that only some ranks would do.
   const bool shared = ranks_share_a_gpu(host, visible_gpus());

@@ -363,11 +363,11 @@ std::vector<CommRequest>& DeviceRingScratch::recvs(size_t n) {
 
 void ring_allreduce_device(Comm& comm, float* data, size_t count, ReduceOp op,
                            DeviceRingScratch& scratch, const RingOptions& options) {
-  detail::check_ring_options(options);
+  check_ring_options(options);
   // Slots for the largest chunk now, so that no step grows them (cudaFree mid-ring would
   // synchronise the device).
   scratch.reserve(count, comm.size(), options);
-  detail::ring_allreduce(comm, data, count, op, scratch, options);
+  ring_allreduce(comm, data, count, op, scratch, options);
 }
 
 }  // namespace ringtrain

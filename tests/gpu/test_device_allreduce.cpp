@@ -17,7 +17,7 @@
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/gpu.h"
 #include "ringtrain/ring.h"
-#include "thread_comm.h"
+#include "support/thread_comm.h"
 
 using namespace ringtrain;
 

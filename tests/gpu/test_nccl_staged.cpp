@@ -24,7 +24,7 @@
 #include "ringtrain/nccl_comm.h"
 #include "ringtrain/ring.h"
 #include "ringtrain/staged_ring.h"
-#include "thread_comm.h"
+#include "support/thread_comm.h"
 
 using namespace ringtrain;
 
