@@ -443,7 +443,7 @@ class DeviceTarget final : public Target {
   float* data() override { return data_.data(); }
 
   MpiComm& comm_;
-  void* stream_;  // cudaStream_t
+  StreamHandle stream_;  // the communication stream
   std::vector<float> host_;
   Tensor data_;
 };

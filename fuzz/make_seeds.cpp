@@ -12,8 +12,8 @@
 
 #include <zlib.h>
 
-#include "support/idx_files.h"
 #include "ringtrain/checkpoint.h"
+#include "support/idx_files.h"
 
 namespace fs = std::filesystem;
 using ringtrain::idx_files::Bytes;
@@ -124,8 +124,9 @@ int main(int argc, char** argv) {
   write(dir / "idx" / "pair-2x3-gz-labels", pair(0, 0, tiny_i, gzip(tiny_l)));
   write(dir / "idx" / "pair-2x3-classes", pair(3, 10, tiny_i, tiny_l));
   write(dir / "idx" / "pair-2x3-gz-two-members",
-        pair(1, 0, concat(gzip(Bytes(tiny_i.begin(), tiny_i.begin() + 10)),
-                          gzip(Bytes(tiny_i.begin() + 10, tiny_i.end()))),
+        pair(1, 0,
+             concat(gzip(Bytes(tiny_i.begin(), tiny_i.begin() + 10)),
+                    gzip(Bytes(tiny_i.begin() + 10, tiny_i.end()))),
              tiny_l));
   write(dir / "idx" / "blob-gz", concat({2, 1}, gzip(tiny_i)));
   write(dir / "idx" / "blob-gz-two-members", concat({2, 0}, concat(gzip(tiny_l), gzip(tiny_i))));

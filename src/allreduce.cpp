@@ -69,14 +69,9 @@ class HostAllreduce final : public Allreduce {
     }
   }
   AllreduceKind kind() const override { return kind_; }
-  // The ring's slots hold at most one chunk in flight: window x segment, at most count / N.
   void reserve(size_t count) override {
-    if (kind_ != AllreduceKind::kHostRing || comm_.size() < 2) return;
-    const size_t chunk = (count + static_cast<size_t>(comm_.size()) - 1) /
-                         static_cast<size_t>(comm_.size());
-    scratch_.slots(std::min(chunk, ring_.segment_elements * static_cast<size_t>(ring_.window)));
-    scratch_.sends(static_cast<size_t>(ring_.window));
-    scratch_.recvs(static_cast<size_t>(ring_.window));
+    if (kind_ == AllreduceKind::kHostRing && comm_.size() > 1)
+      reserve_ring(scratch_, count, comm_.size(), ring_);
   }
   int size() const override { return comm_.size(); }
 

@@ -28,7 +28,7 @@ WeightEma::WeightEma(float decay, std::span<const float> params)
   std::copy(params.begin(), params.end(), shadow_.data());
 }
 
-WeightEma::WeightEma(float decay, const float* device_params, int64_t n, void* stream)
+WeightEma::WeightEma(float decay, const float* device_params, int64_t n, StreamHandle stream)
     : decay_(decay), shadow_(Device::kCuda), stream_(stream) {
   check_decay(decay);
   RINGTRAIN_CHECK(n >= 0, "EMA of {} parameters", n);

@@ -68,7 +68,7 @@ void maxpool2d_backward(const Context&, const float*, const float*, const float*
 }  // namespace gpu_ops
 
 namespace detail {
-std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig&, int64_t, void*) {
+std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig&, int64_t, StreamHandle) {
   no_gpu("an optimizer on the GPU");
 }
 
@@ -100,7 +100,7 @@ int64_t device_dataset_bytes(const DeviceDataset&) {
   no_gpu("a data set on the GPU (--data-on-gpu)");
 }
 
-void wait_for_stream(void*, ProgressBoard*, const char*, double) {
+void wait_for_stream(StreamHandle, ProgressBoard*, const char*, double) {
   no_gpu("waiting for a GPU stream");
 }
 

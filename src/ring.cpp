@@ -68,6 +68,15 @@ void check_ring_options(const RingOptions& options) {
                   options.segment_elements, options.window);
 }
 
+void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
+  RINGTRAIN_CHECK(ranks >= 1, "a ring of {} ranks", ranks);
+  check_ring_options(options);
+  const size_t window = static_cast<size_t>(options.window);
+  slots.slots(std::min(ring_chunk(count, ranks, 0).size, window * options.segment_elements));
+  slots.sends(window);
+  slots.recvs(window);
+}
+
 namespace {
 
 int ring_mod(int value, int n) {

@@ -226,7 +226,7 @@ void copy_floats(float* dst, Device dst_device, const float* src, Device src_dev
 }
 
 void copy_floats_async(float* dst, Device dst_device, const float* src, Device src_device,
-                       int64_t n, void* stream) {
+                       int64_t n, StreamHandle stream) {
   if (copied_without_device(dst, dst_device, src, src_device, n)) return;
 #ifdef RINGTRAIN_HAVE_GPU
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);

@@ -33,7 +33,8 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
                             classes, &stats.correct);
   if (sync != nullptr) {
     sync->begin_backward();
-    model.backward(workspace.dlogits, ctx, [sync](const GradRange& range) { sync->mark_ready(range); });
+    model.backward(workspace.dlogits, ctx,
+                   [sync](const GradRange& range) { sync->mark_ready(range); });
     sync->finish();
     stats.comm = sync->stats();
   } else {

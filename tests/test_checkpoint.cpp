@@ -457,7 +457,8 @@ TEST_CASE("checkpoint directory: nothing planted in it is written through or rea
   CHECK(temporaries_in(run) == 0);
 }
 
-TEST_CASE("the parameter file and the metrics file never write through a planted link", "[checkpoint]") {
+TEST_CASE("the parameter file and the metrics file never write through a planted link",
+          "[checkpoint]") {
   TempDir temp;
   const fs::path outside = temp.path / "outside.txt";
   write_text(outside, "precious");

@@ -19,9 +19,9 @@
 #include <zlib.h>
 #include <catch2/catch.hpp>
 
-#include "support/idx_files.h"
 #include "ringtrain/check.h"
 #include "ringtrain/data.h"
+#include "support/idx_files.h"
 
 namespace fs = std::filesystem;
 using Catch::Contains;

@@ -31,10 +31,10 @@ struct TestSync {
   TestSync(float* grads, const std::vector<GradRange>& ranges, int64_t first, int64_t rest,
            testing::FnAllreduce::Fn fn, bool overlap)
       : allreduce(std::move(fn)),
-        sync(make_grad_sync(grads, ranges, allreduce,
-                            {.first_bucket_elements = first, .bucket_elements = rest,
-                             .overlap = overlap},
-                            Context{})) {}
+        sync(make_grad_sync(
+            grads, ranges, allreduce,
+            {.first_bucket_elements = first, .bucket_elements = rest, .overlap = overlap},
+            Context{})) {}
   GradSync* operator->() { return sync.get(); }
   CommStats wait() {
     sync->finish();
@@ -87,7 +87,8 @@ TEST_CASE("buckets are averaged in index order, each exactly once per step", "[g
     const auto ranges = ranges_of({10, 100, 5, 5, 300, 50});
     std::mutex mutex;
     std::vector<std::pair<int64_t, int64_t>> calls;
-    TestSync sync(grads.data(), ranges, 20, 100,
+    TestSync sync(
+        grads.data(), ranges, 20, 100,
         [&](float* data, int64_t count) {
           std::lock_guard lock(mutex);
           calls.emplace_back(data - grads.data(), count);
@@ -112,7 +113,8 @@ TEST_CASE("with overlap a bucket is averaged while backward is still running", "
   std::vector<float> grads(30, 0.0f);
   const auto ranges = ranges_of({10, 10, 10});
   std::atomic<int> reduced{0};
-  TestSync sync(grads.data(), ranges, 1, 1, [&](float*, int64_t) { ++reduced; }, true);
+  TestSync sync(
+      grads.data(), ranges, 1, 1, [&](float*, int64_t) { ++reduced; }, true);
   sync->begin_backward();
   sync->mark_ready(ranges[0]);
   // "Backward" of the next layers is still going on; the first bucket must not wait for it.
@@ -128,7 +130,8 @@ TEST_CASE("with overlap a bucket is averaged while backward is still running", "
 
   // Without overlap nothing moves before wait().
   std::atomic<int> late{0};
-  TestSync after(grads.data(), ranges, 1, 1, [&](float*, int64_t) { ++late; }, false);
+  TestSync after(
+      grads.data(), ranges, 1, 1, [&](float*, int64_t) { ++late; }, false);
   after->begin_backward();
   for (const GradRange& range : ranges) after->mark_ready(range);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -142,16 +145,18 @@ TEST_CASE("a failed average reaches finish(); misuse is refused", "[grad_sync]")
   std::vector<float> grads(20, 0.0f);
   const auto ranges = ranges_of({10, 10});
   for (bool overlap : {true, false}) {
-    TestSync sync(grads.data(), ranges, 1, 1,
-        [](float*, int64_t) { RINGTRAIN_FAIL("the wire is down"); }, overlap);
+    TestSync sync(
+        grads.data(), ranges, 1, 1, [](float*, int64_t) { RINGTRAIN_FAIL("the wire is down"); },
+        overlap);
     sync->begin_backward();
     for (const GradRange& range : ranges) sync->mark_ready(range);
     CHECK_THROWS_WITH(sync.wait(), Catch::Contains("the wire is down"));
   }
-  TestSync sync(grads.data(), ranges, 1, 1, [](float*, int64_t) {}, true);
+  TestSync sync(
+      grads.data(), ranges, 1, 1, [](float*, int64_t) {}, true);
   sync->begin_backward();
   CHECK_THROWS_AS(sync->mark_ready(ranges[1]), Error);  // out of backward order
-  CHECK_THROWS_AS(sync.wait(), Error);                 // before every gradient was reported
+  CHECK_THROWS_AS(sync.wait(), Error);                  // before every gradient was reported
 }
 
 TEST_CASE("a large layer reports its gradients in row blocks, each final when reported",

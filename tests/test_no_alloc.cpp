@@ -81,9 +81,9 @@ TEST_CASE("a steady-state training step allocates nothing", "[train]") {
       // allocate either (the reduction here only counts).
       int64_t reductions = 0;
       testing::FnAllreduce counting([&reductions](float*, int64_t) { ++reductions; });
-      const std::unique_ptr<GradSync> sync = make_grad_sync(
-          model->grads().data(), model->grad_ranges(), counting,
-          {.first_bucket_elements = 1, .bucket_elements = 1, .overlap = true}, ctx);
+      const std::unique_ptr<GradSync> sync =
+          make_grad_sync(model->grads().data(), model->grad_ranges(), counting,
+                         {.first_bucket_elements = 1, .bucket_elements = 1, .overlap = true}, ctx);
       const auto step = [&](int64_t s) {
         for (size_t i = 0; i < indices.size(); ++i) {
           indices[i] = (s * 64 + static_cast<int64_t>(i)) % data.count;

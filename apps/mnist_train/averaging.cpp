@@ -13,14 +13,14 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
   const bool local_sgd = o.strategy == Strategy::kLocalSgd && comm.size() > 1;
   if (!plan.average_gradients && !local_sgd) return averaging;
   // The device transport's deadline is a backstop behind the watchdog, as the host one is.
-  averaging.allreduce = make_allreduce(comm,
-                                       AllreduceConfig{.algorithm = o.allreduce,
-                                                       .device = ctx.device,
-                                                       .timeout_s = o.collective_timeout + 30.0,
-                                                       .phase = local_sgd ? nullptr
-                                                                          : "gradient allreduce",
-                                                       .test_delay_ms = o.test_comm_delay_ms},
-                                       ctx);
+  averaging.allreduce =
+      make_allreduce(comm,
+                     AllreduceConfig{.algorithm = o.allreduce,
+                                     .device = ctx.device,
+                                     .timeout_s = o.collective_timeout + 30.0,
+                                     .phase = local_sgd ? nullptr : "gradient allreduce",
+                                     .test_delay_ms = local_sgd ? 0.0 : o.test_comm_delay_ms},
+                     ctx);
   Allreduce& allreduce = *averaging.allreduce;
   if (local_sgd) {
     spdlog::info(

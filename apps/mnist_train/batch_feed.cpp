@@ -50,9 +50,8 @@ StepInput BatchFeed::input(int64_t step) {
   } else {
     make_batch(train_, indices, batch_.images, batch_.labels);
   }
-  if (rank_ == o_.test_nan_rank &&
-      std::find(o_.test_nan_steps.begin(), o_.test_nan_steps.end(), step) !=
-          o_.test_nan_steps.end())
+  if (rank_ == o_.test_nan_rank && std::find(o_.test_nan_steps.begin(), o_.test_nan_steps.end(),
+                                             step) != o_.test_nan_steps.end())
     batch_.images.data()[0] = std::nanf("");
   return StepInput(batch_);
 }

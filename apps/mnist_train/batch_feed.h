@@ -38,7 +38,7 @@ class BatchFeed {
   bool on_gpu_;
   EpochSampler sampler_;
   Batch batch_;
-  Batch next_batch_;             // device steps: the next step's batch, made meanwhile
+  Batch next_batch_;              // device steps: the next step's batch, made meanwhile
   int64_t next_batch_step_ = -1;  // the step whose batch next_batch_ holds (-1: none)
   int64_t current_step_ = -1;
   std::shared_ptr<const DeviceDataset> device_train_;  // --data-on-gpu

@@ -9,6 +9,19 @@
 
 namespace ringtrain::app {
 
+CheckpointHeader checkpoint_header(const Options& o, const Model& model, const RunPlan& plan,
+                                   int ranks, const std::string& optimizer) {
+  return CheckpointHeader{.model = o.model,
+                          .layers = model.signature(),
+                          .num_params = model.num_params(),
+                          .steps_per_epoch = plan.steps_per_epoch,
+                          .seed = o.seed,
+                          .global_batch = plan.global_batch,
+                          .ranks = ranks,
+                          .schedule = plan.schedule,
+                          .optimizer = optimizer};
+}
+
 Checkpoint checkpoint_at(const CheckpointHeader& header, int64_t step) {
   return Checkpoint{.model = header.model,
                     .layers = header.layers,
@@ -46,14 +59,16 @@ void CheckpointWriter::save(const Checkpoint& c, const std::string& note) {
     // Without --check-finite a NaN that appeared on another rank's batch reaches every
     // replica in the averaged gradients before that rank's own check ends the job.
     throw Error(fmt::format("the checkpoint of step {} was not written: {}; the checkpoints "
-                            "already in {} are intact. Lower --lr, check the data, or pass "
-                            "--check-finite",
-                            c.step, error.what(), o_.checkpoint_dir),
+                            "already in {} are intact. Lower --lr or check the data{}",
+                            c.step, error.what(), o_.checkpoint_dir,
+                            o_.strategy == Strategy::kParameterServers
+                                ? std::string()
+                                : std::string(", or pass --check-finite")),
                 ExitCode::kNonFinite);
   }
-  spdlog::info("checkpoint: step {}{} written to {} in {:.0f} ms", c.step, note, path,
-               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                   .count());
+  spdlog::info(
+      "checkpoint: step {}{} written to {} in {:.0f} ms", c.step, note, path,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   metrics_.write("checkpoint", {{"step", c.step}, {"path", path}});
 }
 
@@ -61,8 +76,7 @@ bool CheckpointSchedule::due(int64_t done, bool replicas_equal) {
   const bool by_count = every_ > 0 && done % every_ == 0;
   const bool by_time =
       secs_ > 0 &&
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_time_).count() >=
-          secs_;
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_time_).count() >= secs_;
   const bool due = by_count || by_time || pending_;
   pending_ = due && !replicas_equal;
   return due && replicas_equal;

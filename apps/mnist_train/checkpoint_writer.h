@@ -11,7 +11,9 @@
 #include "options.h"
 #include "ringtrain/checkpoint.h"
 #include "ringtrain/comm.h"
+#include "ringtrain/model.h"
 #include "ringtrain/report.h"
+#include "run_plan.h"
 
 namespace ringtrain::app {
 
@@ -27,6 +29,9 @@ struct CheckpointHeader {
   LrSchedule schedule;
   std::string optimizer;
 };
+// This run's header: `ranks` are the data ranks, `optimizer` its name.
+CheckpointHeader checkpoint_header(const Options& o, const Model& model, const RunPlan& plan,
+                                   int ranks, const std::string& optimizer);
 // A checkpoint of `step` with the header filled in; the caller adds the state.
 Checkpoint checkpoint_at(const CheckpointHeader& header, int64_t step);
 
@@ -35,6 +40,9 @@ class CheckpointWriter {
   // Writes nothing without --checkpoint-dir. A long write posts progress on `board` (the
   // others wait for the chief in their next collective).
   CheckpointWriter(const Options& o, MetricsWriter& metrics, ProgressBoard& board);
+  // The fault hook keeps `this`.
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   bool enabled() const { return dir_.has_value(); }
   // Writes `c` (the chief only), logs "checkpoint: step {}{note} written to {} in {} ms" and
   // records it in the metrics. Non-finite values are refused with advice, naming the step;

@@ -24,9 +24,8 @@ FiniteGuard::FiniteGuard(const Options& o, Comm& comm)
 
 BeforeUpdateFn FiniteGuard::hook() {
   if (!o_.check_finite) return {};
-  return [this](const StepStats& stats, std::span<const float> grads) {
-    return check(stats, grads);
-  };
+  return
+      [this](const StepStats& stats, std::span<const float> grads) { return check(stats, grads); };
 }
 
 bool FiniteGuard::check(const StepStats& stats, std::span<const float> grads) {

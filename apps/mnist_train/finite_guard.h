@@ -15,6 +15,8 @@ namespace ringtrain::app {
 class FiniteGuard {
  public:
   FiniteGuard(const Options& o, Comm& comm);
+  FiniteGuard(const FiniteGuard&) = delete;  // hook() keeps `this`
+  FiniteGuard& operator=(const FiniteGuard&) = delete;
   // The step's before_update hook (empty without --check-finite). Collective: one allgather
   // of a byte per step. Throws ExitCode::kNonFinite on every rank after --max-bad-steps.
   BeforeUpdateFn hook();

@@ -24,8 +24,7 @@ void check_flag_combinations(Options& o, int ranks) {
   for (const std::string& flag : o.flags_given) {
     if (!ps && (flag == "--num-ps" || flag == "--ps-mode" || flag == "--replicas-to-aggregate" ||
                 flag == "--max-staleness"))
-      usage(
-          fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag, strategy));
+      usage(fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag, strategy));
     if (ps && flag == "--allreduce")
       usage(
           "--allreduce chooses how the ring and local SGD average; --strategy ps averages "
@@ -47,9 +46,10 @@ void check_flag_combinations(Options& o, int ranks) {
                                     std::pair{"--test-perturb-rank", o.test_perturb_rank},
                                     std::pair{"--test-slow-rank", o.test_slow_rank}}) {
     if (value >= ranks)
-      usage(fmt::format("{} {} names a rank outside the {} rank(s) of this job: it must be "
-                        "in [-1, {}]",
-                        flag, value, ranks, ranks - 1));
+      usage(
+          fmt::format("{} {} names a rank outside the {} rank(s) of this job: it must be "
+                      "in [-1, {}]",
+                      flag, value, ranks, ranks - 1));
   }
   if (o.strategy == Strategy::kRing) return;
   if (ps) {
@@ -85,10 +85,11 @@ void check_device_flags(const Options& o, int ranks, const DeviceChoice& device)
   if (o.cuda_graphs) {
     // Said before anything is built: both are decided by flags and the machine alone.
     if (ranks > 1)
-      usage(fmt::format("--cuda-graphs captures the one-rank step only ({} ranks here: the "
-                        "multi-rank step's gradient averaging is not captured yet); run "
-                        "without it",
-                        ranks));
+      usage(
+          fmt::format("--cuda-graphs captures the one-rank step only ({} ranks here: the "
+                      "multi-rank step's gradient averaging is not captured yet); run "
+                      "without it",
+                      ranks));
     if (device.device != Device::kCuda)
       usage(fmt::format("--cuda-graphs needs a GPU, and this run trains on the cpu ({})",
                         device.why));

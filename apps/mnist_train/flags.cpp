@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <utility>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>

@@ -41,8 +41,9 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       {"--steps/--epochs", fmt::format("{} / {}", o.steps, o.epochs)},
       {"--seed", std::to_string(o.seed)},
       {"optimizer", describe_optimizer(o.optimizer)},
-      {"lr schedule", describe_schedule(o.schedule) + fmt::format(" warmup-epochs {} scaling {}",
-                                                                  o.warmup_epochs, to_string(o.lr_scaling))},
+      {"lr schedule",
+       describe_schedule(o.schedule) +
+           fmt::format(" warmup-epochs {} scaling {}", o.warmup_epochs, to_string(o.lr_scaling))},
       {"--ema-decay", fmt::format("{}", o.ema_decay)},
       {"training data", data_hash(data.train)},
       {"test data", data_hash(data.test)},
@@ -58,11 +59,12 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       {"--resume", o.resume},
       // The servers send the chief snapshots only when they know it writes checkpoints.
       {"--checkpoint-dir/--checkpoint-every (ps)",
-       o.strategy == Strategy::kParameterServers ? fmt::format("{} / {}", !o.checkpoint_dir.empty(), o.checkpoint_every)
-                          : std::string()},
-      {"strategy",
-       fmt::format("{} num-ps {} mode {} aggregate {} staleness {} average-every {}",
-                   to_string(o.strategy), o.num_ps, to_string(o.ps_mode), o.replicas_to_aggregate, o.max_staleness, o.average_every)},
+       o.strategy == Strategy::kParameterServers
+           ? fmt::format("{} / {}", !o.checkpoint_dir.empty(), o.checkpoint_every)
+           : std::string()},
+      {"strategy", fmt::format("{} num-ps {} mode {} aggregate {} staleness {} average-every {}",
+                               to_string(o.strategy), o.num_ps, to_string(o.ps_mode),
+                               o.replicas_to_aggregate, o.max_staleness, o.average_every)},
   };
 }
 

@@ -56,6 +56,7 @@ struct Job {
   const Options& o;
   MpiComm& comm;
   const MnistData& data;
+  const std::string& data_dir;
   Model& model;
   Context& ctx;
   const RunPlan& plan;
@@ -86,46 +87,45 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
       "summary: per step {:.3f} ms compute, {:.3f} ms communication of which {:.3f} ms "
       "exposed: overlap efficiency {:.0f}% ({} ranks, {})",
       t.times.mean(t.times.compute_ms), t.times.mean(t.times.comm_ms),
-      t.times.mean(t.times.exposed_ms), std::max(0.0, t.times.overlap_efficiency()) * 100.0,
-      ranks, t.overlap ? "overlapped" : "not overlapped");
+      t.times.mean(t.times.exposed_ms), std::max(0.0, t.times.overlap_efficiency()) * 100.0, ranks,
+      t.overlap ? "overlapped" : "not overlapped");
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
-  metrics.write("summary",
-                {{"test_accuracy", t.eval.accuracy()},
-                 {"images_per_sec", t.run.images_per_sec()},
-                 {"step_ms", t.run.step_ms()},
-                 {"steps", job.plan.total_steps},
-                 {"start_step", job.plan.start_step},
-                 {"skipped_steps", t.skipped_steps},
-                 {"epochs", static_cast<double>(job.plan.total_steps) /
-                                static_cast<double>(job.plan.steps_per_epoch)},
-                 {"test_loss", t.eval.mean_loss()},
-                 {"last_loss", t.last_loss},
-                 {"model", o.model},
-                 {"batch_size", job.plan.batch_size},
-                 {"global_batch", job.plan.global_batch},
-                 {"world_size", int64_t{ranks}},
-                 {"ranks", int64_t{ranks}},
-                 {"compute_ms", t.times.mean(t.times.compute_ms)},
-                 {"comm_ms", t.times.mean(t.times.comm_ms)},
-                 {"exposed_comm_ms", t.times.mean(t.times.exposed_ms)},
-                 {"overlap_efficiency", t.times.overlap_efficiency()},
-                 {"overlap", t.overlap},
-                 {"allreduce", std::string(to_string(o.allreduce))},
-                 {"strategy", std::string(to_string(o.strategy))},
-                 {"average_every", local_sgd ? o.average_every : int64_t{0}},
-                 {"parameter_averages", t.averages},
-                 {"buckets", t.buckets},
-                 {"threads", int64_t{o.threads}},
-                 {"device", std::string(to_string(job.ctx.device))},
-                 {"cuda_graphs", o.cuda_graphs},
-                 {"graph_steps", t.graph_steps},
-                 {"graph_captures", t.graph_captures},
-                 {"data_on_gpu", o.data_on_gpu},
-                 {"conv_impl", std::string(to_string(o.conv_impl))},
-                 {"ema", t.ema},
-                 {"params", job.model.num_params()},
-                 {"peak_rss_mb", peak_rss_mb()},
-                 {"data_dir", o.data_dir.empty() ? default_data_dir() : o.data_dir}});
+  metrics.write("summary", {{"test_accuracy", t.eval.accuracy()},
+                            {"images_per_sec", t.run.images_per_sec()},
+                            {"step_ms", t.run.step_ms()},
+                            {"steps", job.plan.total_steps},
+                            {"start_step", job.plan.start_step},
+                            {"skipped_steps", t.skipped_steps},
+                            {"epochs", static_cast<double>(job.plan.total_steps) /
+                                           static_cast<double>(job.plan.steps_per_epoch)},
+                            {"test_loss", t.eval.mean_loss()},
+                            {"last_loss", t.last_loss},
+                            {"model", o.model},
+                            {"batch_size", job.plan.batch_size},
+                            {"global_batch", job.plan.global_batch},
+                            {"world_size", int64_t{ranks}},
+                            {"ranks", int64_t{ranks}},
+                            {"compute_ms", t.times.mean(t.times.compute_ms)},
+                            {"comm_ms", t.times.mean(t.times.comm_ms)},
+                            {"exposed_comm_ms", t.times.mean(t.times.exposed_ms)},
+                            {"overlap_efficiency", t.times.overlap_efficiency()},
+                            {"overlap", t.overlap},
+                            {"allreduce", std::string(to_string(o.allreduce))},
+                            {"strategy", std::string(to_string(o.strategy))},
+                            {"average_every", local_sgd ? o.average_every : int64_t{0}},
+                            {"parameter_averages", t.averages},
+                            {"buckets", t.buckets},
+                            {"threads", int64_t{o.threads}},
+                            {"device", std::string(to_string(job.ctx.device))},
+                            {"cuda_graphs", o.cuda_graphs},
+                            {"graph_steps", t.graph_steps},
+                            {"graph_captures", t.graph_captures},
+                            {"data_on_gpu", o.data_on_gpu},
+                            {"conv_impl", std::string(to_string(o.conv_impl))},
+                            {"ema", t.ema},
+                            {"params", job.model.num_params()},
+                            {"peak_rss_mb", peak_rss_mb()},
+                            {"data_dir", job.data_dir}});
 }
 
 // The chief's word on a preempted run; returns the "preempted" exit code.
@@ -143,22 +143,8 @@ int report_preemption(const Job& job, int signal, int64_t step, bool saved,
         "{} of {}; {} (exit code {})",
         signal, strsignal(signal), step, job.plan.total_steps, what,
         static_cast<int>(ExitCode::kPreempted));
-  metrics.write("preempted",
-                {{"step", step}, {"signal", int64_t{signal}}, {"checkpoint", saved}});
+  metrics.write("preempted", {{"step", step}, {"signal", int64_t{signal}}, {"checkpoint", saved}});
   return static_cast<int>(ExitCode::kPreempted);
-}
-
-// What every checkpoint of this run says about it.
-CheckpointHeader checkpoint_header(const Job& job, const Optimizer& optimizer) {
-  return CheckpointHeader{.model = job.o.model,
-                          .layers = job.model.signature(),
-                          .num_params = job.model.num_params(),
-                          .steps_per_epoch = job.plan.steps_per_epoch,
-                          .seed = job.o.seed,
-                          .global_batch = job.plan.global_batch,
-                          .ranks = job.comm.size(),
-                          .schedule = job.plan.schedule,
-                          .optimizer = optimizer.name()};
 }
 
 // --test-perturb-rank: one parameter nudged, so that the replica check must catch it.
@@ -197,13 +183,9 @@ int train(const Job& job) {
   // Between averages local-sgd replicas differ by design: they are checked after an average.
   const bool replicas_drift = o.strategy == Strategy::kLocalSgd && ranks > 1;
   CheckpointWriter checkpoints(o, metrics, comm.board());
-  const CheckpointHeader header = checkpoint_header(job, optimizer);
+  const CheckpointHeader header = checkpoint_header(o, model, plan, ranks, optimizer.name());
   FiniteGuard guard(o, comm);
   const BeforeUpdateFn before_update = guard.hook();
-  // On an error, abort NCCL before anything declared above is destroyed: freeing device
-  // memory waits for the whole device, and a bucket's transfer whose peer will never join
-  // would make that wait, and the job, hang. Declared here, so it is destroyed first.
-  const AbortAllreduceOnError abort_on_error(averaging.allreduce.get());
   // Preemption: a stop requested by a signal on any rank is agreed on at a step boundary, the
   // same on every rank (preemption.h).
   StopAgreement stop_agreement(comm);
@@ -224,6 +206,10 @@ int train(const Job& job) {
   TrainWindow window;
   double& train_seconds = totals.run.train_seconds;
   CheckpointSchedule schedule(o, plan.start_step);
+  // On an error, abort NCCL before anything declared above is destroyed: freeing device
+  // memory waits for the whole device, and a bucket's transfer whose peer will never join
+  // would make that wait, and the job, hang. Declared last, so it is destroyed first.
+  const AbortAllreduceOnError abort_on_error(averaging.allreduce.get());
 
   if (plan.start_step >= plan.total_steps && rank == 0)
     spdlog::info("the checkpoint is at step {}, the run ends at {}: nothing left to train",
@@ -276,13 +262,10 @@ int train(const Job& job) {
     const double images_per_sec =
         static_cast<double>((done - plan.start_step) * plan.global_batch) / train_seconds;
     if (show_progress)
-      progress.update(done - plan.start_step,
-                      fmt::format("epoch {} loss {:.4f} {:.0f} img/s", epoch + 1, stats.loss,
-                                  images_per_sec));
-    if (o.log_every > 0 && (done % o.log_every == 0 || done == plan.total_steps) &&
-        !window.empty())
-      window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, !show_progress,
-                    metrics);
+      progress.update(done - plan.start_step, fmt::format("epoch {} loss {:.4f} {:.0f} img/s",
+                                                          epoch + 1, stats.loss, images_per_sec));
+    if (o.log_every > 0 && (done % o.log_every == 0 || done == plan.total_steps) && !window.empty())
+      window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, !show_progress, metrics);
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != plan.total_steps &&
         replicas_equal) {
       const EvalResult eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema,
@@ -308,8 +291,8 @@ int train(const Job& job) {
   if (checkpoints.enabled() && schedule.last_written() != plan.total_steps && rank == 0)
     checkpoints.save(replica_checkpoint(header, plan.total_steps, model, replica));
 
-  totals.eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema, eval_scratch,
-                              job.ctx, ema_swap);
+  totals.eval =
+      evaluate_test(comm, model, job.data.test, o.eval_batch, ema, eval_scratch, job.ctx, ema_swap);
   totals.run.trained_steps = std::max<int64_t>(0, plan.total_steps - plan.start_step);
   totals.skipped_steps = guard.skipped_steps();
   totals.graph_captures = step_graph_captures(workspace);
@@ -388,12 +371,12 @@ int run(Options o, MpiComm& comm) {
                        .cores = static_cast<int>(std::thread::hardware_concurrency()),
                        .device = ctx.device,
                        .train_images = data.train.count};
-  const RunPlan plan =
-      plan_run(o, shape,
-               resumed ? std::optional<ResumePoint>(ResumePoint{.step = resumed->step,
-                                                                .global_batch = resumed->global_batch,
-                                                                .ranks = resumed->ranks})
-                       : std::nullopt);
+  const RunPlan plan = plan_run(
+      o, shape,
+      resumed ? std::optional<ResumePoint>(ResumePoint{.step = resumed->step,
+                                                       .global_batch = resumed->global_batch,
+                                                       .ranks = resumed->ranks})
+              : std::nullopt);
   if (!plan.resume_note.empty() && rank == chief) spdlog::warn("{}", plan.resume_note);
   o.batch_size = plan.batch_size;
   if (ps) {
@@ -408,6 +391,7 @@ int run(Options o, MpiComm& comm) {
   return train(Job{.o = o,
                    .comm = comm,
                    .data = data,
+                   .data_dir = data_dir,
                    .model = *model,
                    .ctx = ctx,
                    .plan = plan,
@@ -428,9 +412,8 @@ int main(int argc, char** argv) {
     return printed == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   }
   options.batch_size_given = app.count("--batch-size") > 0;
-  for (const char* flag :
-       {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness", "--average-every",
-        "--allreduce"}) {
+  for (const char* flag : {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness",
+                           "--average-every", "--allreduce"}) {
     if (app.count(flag) > 0) options.flags_given.emplace_back(flag);
   }
   // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,13 +20,13 @@
 #include "ps_strategy.h"
 #include "reporting.h"
 #include "resume.h"
-#include "test_faults.h"
 #include "ringtrain/check.h"
 #include "ringtrain/distributed.h"
 #include "ringtrain/log.h"
 #include "ringtrain/ps_mpi.h"
 #include "ringtrain/report.h"
 #include "ringtrain/train.h"
+#include "test_faults.h"
 
 namespace ringtrain::app {
 namespace {
@@ -73,6 +75,65 @@ bool crossed(int64_t before, int64_t value, int64_t every) {
   return every > 0 && value / every > before / every;
 }
 
+// A worker's side of one step's exchange with the servers, and what it keeps between steps.
+struct Exchange {
+  PsClient& client;
+  std::span<const float> grads;
+  std::span<float> params;
+  std::vector<int64_t>& versions;
+  std::vector<uint8_t>& push;
+  std::vector<uint8_t>& accepted;
+  RankReport& report;
+};
+
+// Sync: every server gets the gradients for the oldest version this worker holds, the step it
+// just trained (ps.h). Its answers say where each server is now; the next step (returned) is
+// the oldest of them, so a worker whose gradients came too late moves on to the current step.
+int64_t exchange_sync(Exchange& x, float lr, int64_t step) {
+  std::fill(x.versions.begin(), x.versions.end(), step);
+  const auto start = Clock::now();
+  x.client.push_pull(x.grads, x.params, x.versions, x.push, x.accepted, lr, step);
+  x.report.wait_ms += ms_since(start);
+  ++x.report.rounds;
+  const bool all_taken =
+      std::all_of(x.accepted.begin(), x.accepted.end(), [](uint8_t a) { return a != 0; });
+  ++(all_taken ? x.report.accepted : x.report.dropped);
+  return *std::min_element(x.versions.begin(), x.versions.end());
+}
+
+// Async: pushes until every server took the gradients. A server that found them too stale
+// sent back its parameters: recompute() on those, and push again to those servers only.
+void exchange_async(Exchange& x, const PsPlan& plan, float lr, int64_t step,
+                    int64_t& rejections_in_a_row, int worker, int rank,
+                    const std::function<void()>& recompute) {
+  std::fill(x.push.begin(), x.push.end(), 1);
+  for (;;) {
+    auto start = Clock::now();
+    x.client.push_pull(x.grads, x.params, x.versions, x.push, x.accepted, lr, step);
+    x.report.wait_ms += ms_since(start);
+    ++x.report.rounds;
+    bool refused = false;
+    for (size_t s = 0; s < x.push.size(); ++s) {
+      x.push[s] = x.accepted[s] ? 0 : 1;
+      refused |= x.push[s] != 0;
+    }
+    if (!refused) break;
+    ++x.report.retries;
+    if (++rejections_in_a_row >= kMaxConsecutiveRejections)
+      throw Error(fmt::format("worker {} (rank {}): its gradients were more than "
+                              "--max-staleness {} updates old {} times in a row at step {}: "
+                              "it is too slow for this bound; raise --max-staleness or use "
+                              "--ps-mode sync",
+                              worker, rank, plan.max_staleness, rejections_in_a_row, step),
+                  ExitCode::kError);
+    start = Clock::now();
+    recompute();
+    x.report.compute_ms += ms_since(start);
+  }
+  rejections_in_a_row = 0;
+  ++x.report.accepted;
+}
+
 WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPlan& plan,
                         PsChannel& channel, MpiComm& world, MpiComm& job, MpiComm& workers_comm,
                         RankReport& report) {
@@ -93,15 +154,8 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
                               : MetricsWriter(o.metrics_out, /*append=*/setup.plan.start_step > 0);
   std::optional<CheckpointWriter> checkpoints;
   if (chief && !o.checkpoint_dir.empty()) checkpoints.emplace(o, metrics, world.board());
-  const CheckpointHeader header{.model = o.model,
-                                .layers = model.signature(),
-                                .num_params = model.num_params(),
-                                .steps_per_epoch = setup.plan.steps_per_epoch,
-                                .seed = o.seed,
-                                .global_batch = setup.plan.global_batch,
-                                .ranks = workers,
-                                .schedule = setup.plan.schedule,
-                                .optimizer = plan.optimizer_name};
+  const CheckpointHeader header =
+      checkpoint_header(o, model, setup.plan, workers, plan.optimizer_name);
   // The chief writes the snapshots the servers sent: the shards of one version, assembled.
   int64_t last_written = -1;
   const auto write_checkpoints = [&](std::vector<PsSnapshot> snapshots) {
@@ -138,8 +192,9 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     world.board().set_step(job_step);
     world.board().set_phase("gradient computation");
     inject_test_failures(o, world.rank(), job_step);
-    const auto indices = rank_batch(sampler.order(step / setup.plan.steps_per_epoch),
-                                    step % setup.plan.steps_per_epoch, o.batch_size, worker, workers);
+    const auto indices =
+        rank_batch(sampler.order(step / setup.plan.steps_per_epoch),
+                   step % setup.plan.steps_per_epoch, o.batch_size, worker, workers);
     make_batch(setup.data.train, indices, batch.images, batch.labels);
     const float lr = learning_rate(setup.plan.schedule, job_step);
     auto start = Clock::now();
@@ -155,49 +210,12 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
                   ExitCode::kNonFinite);
     const int64_t before = job_step;
     world.board().set_phase(kPsPhase);
+    Exchange exchange{client, grads, params, versions, push, accepted, report};
     if (plan.mode == PsMode::kSync) {
-      // Every server gets the gradients for the oldest version this worker holds: the step it
-      // just trained (ps.h). Its answers say where each server is now; the next step is the
-      // oldest of them, so a worker whose gradients came too late moves on to the current step.
-      std::fill(versions.begin(), versions.end(), step);
-      start = Clock::now();
-      client.push_pull(grads, params, versions, push, accepted, lr, step);
-      report.wait_ms += ms_since(start);
-      ++report.rounds;
-      const bool all_taken =
-          std::all_of(accepted.begin(), accepted.end(), [](uint8_t a) { return a != 0; });
-      ++(all_taken ? report.accepted : report.dropped);
-      step = job_step = *std::min_element(versions.begin(), versions.end());
+      step = job_step = exchange_sync(exchange, lr, step);
     } else {
-      std::fill(push.begin(), push.end(), 1);
-      for (;;) {
-        start = Clock::now();
-        client.push_pull(grads, params, versions, push, accepted, lr, step);
-        report.wait_ms += ms_since(start);
-        ++report.rounds;
-        bool refused = false;
-        for (size_t s = 0; s < servers; ++s) {
-          push[s] = accepted[s] ? 0 : 1;
-          refused |= push[s] != 0;
-        }
-        if (!refused) break;
-        // Too stale for some server: recompute on the parameters its answer brought, and push
-        // again to those servers only.
-        ++report.retries;
-        if (++rejections_in_a_row >= kMaxConsecutiveRejections)
-          throw Error(
-              fmt::format("worker {} (rank {}): its gradients were more than "
-                          "--max-staleness {} updates old {} times in a row at step {}: "
-                          "it is too slow for this bound; raise --max-staleness or use "
-                          "--ps-mode sync",
-                          worker, world.rank(), plan.max_staleness, rejections_in_a_row, step),
-              ExitCode::kError);
-        start = Clock::now();
-        compute_gradients(model, batch, workspace, ctx);
-        report.compute_ms += ms_since(start);
-      }
-      rejections_in_a_row = 0;
-      ++report.accepted;
+      exchange_async(exchange, plan, lr, step, rejections_in_a_row, worker, world.rank(),
+                     [&] { compute_gradients(model, batch, workspace, ctx); });
       ++step;
       job_step = versions[0] / plan.versions_per_step;
     }
@@ -212,11 +230,11 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     }
     if ((crossed(before, job_step, o.log_every) || job_step >= total) && o.log_every > 0) {
       // The job's rate: global batches of the servers' progress.
-      window.report(job_step, total, job_step / setup.plan.steps_per_epoch + 1, lr,
-                    static_cast<double>((job_step - setup.plan.start_step) *
-                                        setup.plan.global_batch) /
-                        seconds,
-                    /*print=*/true, metrics);
+      window.report(
+          job_step, total, job_step / setup.plan.steps_per_epoch + 1, lr,
+          static_cast<double>((job_step - setup.plan.start_step) * setup.plan.global_batch) /
+              seconds,
+          /*print=*/true, metrics);
     }
     if (crossed(before, job_step, o.eval_every) && job_step < total) {
       // The chief's copy: the parameters its last answers brought.
@@ -270,11 +288,11 @@ void serve(const Options& o, const StrategySetup& setup, const PsPlan& plan, PsC
   const bool checkpointing = !o.checkpoint_dir.empty();
   report.is_server = 1;
   report.index = server;
-  report.server =
-      serve_shard(channel, plan.layout, server, shard,
-                  {.snapshot_every = checkpointing ? o.checkpoint_every : 0,
-                   .final_snapshot = checkpointing && setup.plan.start_step < setup.plan.total_steps,
-                   .versions_per_step = plan.versions_per_step});
+  report.server = serve_shard(
+      channel, plan.layout, server, shard,
+      {.snapshot_every = checkpointing ? o.checkpoint_every : 0,
+       .final_snapshot = checkpointing && setup.plan.start_step < setup.plan.total_steps,
+       .versions_per_step = plan.versions_per_step});
 }
 
 std::string megabytes(int64_t bytes) {

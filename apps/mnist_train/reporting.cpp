@@ -48,9 +48,8 @@ void report_eval(int64_t step, const EvalResult& eval, double train_seconds, boo
 
 // Every rank waits for the slowest at each step, so the chief's clock is the job's.
 double RunTotals::images_per_sec() const {
-  return train_seconds > 0
-             ? static_cast<double>(trained_steps * global_batch) / train_seconds
-             : 0.0;
+  return train_seconds > 0 ? static_cast<double>(trained_steps * global_batch) / train_seconds
+                           : 0.0;
 }
 
 double RunTotals::step_ms() const {

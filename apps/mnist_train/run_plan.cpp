@@ -18,12 +18,12 @@ int64_t mb_to_elements(double mb) {
 int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int data_ranks) {
   const int64_t global = resumed.global_batch;
   if (o.batch_size_given && o.batch_size * data_ranks != global)
-    refuse(fmt::format(
-        "the checkpoint at step {} trained with a global batch of {} ({} "
-        "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
-        "pass --batch-size {} or leave it out",
-        resumed.step, global, resumed.ranks, data_ranks, o.batch_size, o.batch_size * data_ranks,
-        global % data_ranks == 0 ? global / data_ranks : 0));
+    refuse(
+        fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
+                    "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
+                    "pass --batch-size {} or leave it out",
+                    resumed.step, global, resumed.ranks, data_ranks, o.batch_size,
+                    o.batch_size * data_ranks, global % data_ranks == 0 ? global / data_ranks : 0));
   if (global % data_ranks != 0)
     refuse(
         fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
@@ -77,8 +77,8 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   // local-sgd averages parameters, not gradients; a device job averages on the GPU whenever
   // there is more than one rank; a host one also with a slowed transport (the overlap tests).
   const bool on_gpu = job.device == Device::kCuda;
-  plan.average_gradients = o.strategy == Strategy::kRing &&
-                           (job.ranks > 1 || (!on_gpu && o.test_comm_delay_ms > 0));
+  plan.average_gradients =
+      o.strategy == Strategy::kRing && (job.ranks > 1 || (!on_gpu && o.test_comm_delay_ms > 0));
   // Overlap needs a core to run on: on one node whose cores the ranks' compute threads already
   // fill, the communication thread's copies only take cycles from backward (measured slower
   // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.

@@ -4,11 +4,12 @@
 // make_allreduce and identical on every rank:
 //
 //   kind             memory   what runs                                        made when
-//   ring over MPI    host     ring_allreduce (ring.h) over the host Comm       cpu, --allreduce ring
-//   MPI_Allreduce    host     Comm::allreduce_library                          cpu, --allreduce mpi
-//   ring over NCCL   device   ring_allreduce_device over NcclComm send/recv    gpu, ring, own GPUs
-//   ncclAllReduce    device   NcclComm::allreduce_library                      gpu, mpi, own GPUs
-//   host-staged ring device   copy to pinned host, ring over MPI, copy back    gpu, ranks share a GPU
+//   ring over MPI    host     ring_allreduce (ring.h) over the host Comm       cpu, --allreduce
+//   ring MPI_Allreduce    host     Comm::allreduce_library                          cpu,
+//   --allreduce mpi ring over NCCL   device   ring_allreduce_device over NcclComm send/recv    gpu,
+//   ring, own GPUs ncclAllReduce    device   NcclComm::allreduce_library                      gpu,
+//   mpi, own GPUs host-staged ring device   copy to pinned host, ring over MPI, copy back    gpu,
+//   ranks share a GPU
 //
 // Host kinds return with the result in place. Device kinds queue the work on the context's
 // communication stream and return without waiting (the caller orders its streams with events).

@@ -6,9 +6,11 @@
 
 #include <string>
 
+#include "ringtrain/cuda_handles.h"
+
 namespace ringtrain {
 
-class ProgressBoard;  // comm.h
+class ProgressBoard;  // progress_board.h
 
 enum class Device { kCpu, kCuda };
 const char* to_string(Device device);  // "cpu", "cuda"
@@ -22,12 +24,12 @@ ConvImpl parse_conv_impl(const std::string& flag);
 
 struct Context {
   Device device = Device::kCpu;
-  int threads = 1;              // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
-  int gpu = -1;                 // the CUDA device ordinal when device == kCuda
-  void* stream = nullptr;       // cudaStream_t of the compute stream when device == kCuda
-  void* comm_stream = nullptr;  // cudaStream_t of the communication stream when device == kCuda
-  void* blas = nullptr;         // cublasHandle_t (bound to `stream`) when device == kCuda
-  void* dnn = nullptr;          // cudnnHandle_t (bound to `stream`) when device == kCuda
+  int threads = 1;  // CPU math threads (Eigen); 1 keeps runs bit-reproducible anywhere
+  int gpu = -1;     // the CUDA device ordinal when device == kCuda
+  StreamHandle stream = nullptr;       // the compute stream when device == kCuda
+  StreamHandle comm_stream = nullptr;  // the communication stream when device == kCuda
+  BlasHandle blas = nullptr;           // cuBLAS, bound to `stream`, when device == kCuda
+  DnnHandle dnn = nullptr;             // cuDNN, bound to `stream`, when device == kCuda
   // Where a device step posts its waits for the streams, so that the collective watchdog sees
   // a step stuck behind a peer's NCCL transfer (null: plain synchronisation).
   ProgressBoard* board = nullptr;

@@ -52,7 +52,8 @@ void set_current_gpu(int gpu);
 // completion. Without a board it is a plain cudaStreamSynchronize.
 // (Declared in every build, like the rest of this header; the CPU-only build's stub throws, so
 // that code which waits only in a CUDA branch needs no #ifdef.)
-void wait_for_stream(void* stream, ProgressBoard* board, const char* what, double timeout_s = 0);
+void wait_for_stream(StreamHandle stream, ProgressBoard* board, const char* what,
+                     double timeout_s = 0);
 
 // The NCCL this binary was built against, "2.28.3", for reports (allreduce_bench's preamble);
 // the CPU-only build's stub throws.

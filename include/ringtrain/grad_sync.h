@@ -87,8 +87,8 @@ class GradSync {
 };
 
 struct GradSyncConfig {
-  int64_t first_bucket_elements = 62'500;   // 0.25 MB of float32
-  int64_t bucket_elements = 1'000'000;      // 4 MB
+  int64_t first_bucket_elements = 62'500;  // 0.25 MB of float32
+  int64_t bucket_elements = 1'000'000;     // 4 MB
   bool overlap = true;
 };
 

@@ -3,7 +3,7 @@
 // rules are tested on any machine (tests/test_graph_policy.cpp).
 //
 // A graph bakes in every pointer it was captured with; `Key` stands for all of them (the
-// batch's shape, the buffers, a count of device allocations: train_gpu.cpp's StepGraphKey).
+// batch's shape, the buffers, a count of device allocations: StepGraphKey (src/cuda/step_graph.h)).
 // The rules:
 //   - replay when the key equals the captured graph's;
 //   - else capture when the key equals the one the last eager step ended with: that step made

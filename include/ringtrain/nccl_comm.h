@@ -195,9 +195,9 @@ class DeviceRingScratch final : public RingSlots {
 };
 
 // The ring allreduce of ring.h over a Comm whose buffers may live on a device: ring_allreduce
-// itself, with the receive slots from DeviceRingScratch, reserved up front. Over NcclComm it enqueues everything on the comm stream
-// and returns without waiting; over a host transport (ThreadComm, MpiComm, with a host-memory
-// scratch) it computes exactly ring_allreduce's bits.
+// itself, with the receive slots from DeviceRingScratch, reserved up front. Over NcclComm it
+// enqueues everything on the comm stream and returns without waiting; over a host transport
+// (ThreadComm, MpiComm, with a host-memory scratch) it computes exactly ring_allreduce's bits.
 void ring_allreduce_device(Comm& comm, float* data, size_t count, ReduceOp op,
                            DeviceRingScratch& scratch, const RingOptions& options = {});
 

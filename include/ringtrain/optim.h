@@ -59,7 +59,7 @@ void state_from_host(Optimizer& optimizer, const std::vector<std::vector<float>>
 namespace detail {
 // The device optimizers (src/cuda/optim_gpu.cpp; the CPU-only build throws). config is valid.
 std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig& config, int64_t num_params,
-                                                 void* stream);
+                                                 StreamHandle stream);
 }  // namespace detail
 
 struct LrSchedule {
@@ -91,7 +91,7 @@ class WeightEma {
  public:
   WeightEma(float decay, std::span<const float> params);
   // device_params: n floats of device memory (a device model's flat parameter buffer).
-  WeightEma(float decay, const float* device_params, int64_t n, void* stream);
+  WeightEma(float decay, const float* device_params, int64_t n, StreamHandle stream);
   // params: host memory for a host average, device memory for a device one.
   void update(std::span<const float> params);
   Device device() const { return shadow_.device(); }
@@ -110,8 +110,8 @@ class WeightEma {
  private:
   float decay_;
   int64_t updates_ = 0;
-  Tensor shadow_;           // [num_params], on the parameters' device
-  void* stream_ = nullptr;  // cudaStream_t of a device average's updates
+  Tensor shadow_;                  // [num_params], on the parameters' device
+  StreamHandle stream_ = nullptr;  // the stream of a device average's updates
 };
 
 }  // namespace ringtrain

@@ -53,6 +53,10 @@ class RingScratch final : public RingSlots {
   std::vector<CommRequest> sends_, recvs_;
 };
 
+// Grows `slots` to what ring_allreduce of `count` elements over `ranks` asks for (the largest
+// chunk, capped at window x segment, and the handles), so that no call of that size grows it.
+void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
+
 // After it, rank r's buffer holds the full sum of chunk (r + 1) % N in place (other chunks
 // hold partial sums).
 void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingSlots& slots,

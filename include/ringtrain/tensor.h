@@ -91,10 +91,10 @@ class Tensor {
 // otherwise the device is synchronised (all streams), copied, and synchronised again, so the
 // copy sees every queued kernel's result and is complete before anything queued after it.
 void copy_floats(float* dst, Device dst_device, const float* src, Device src_device, int64_t n);
-// The same, queued on a CUDA stream (cudaStream_t) without waiting; host to host is a memcpy.
+// The same, queued on a CUDA stream without waiting; host to host is a memcpy.
 // Pageable host memory makes the call wait until the host buffer has been staged.
 void copy_floats_async(float* dst, Device dst_device, const float* src, Device src_device,
-                       int64_t n, void* stream);
+                       int64_t n, StreamHandle stream);
 
 // How many device allocations have been made in this process so far: Tensor's, and those of
 // other device caches that call note_device_allocation(). A captured CUDA graph holds raw

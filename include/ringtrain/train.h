@@ -69,7 +69,9 @@ int64_t device_dataset_bytes(const DeviceDataset& data);
 // What a step trains on: a host batch (as make_batch writes it), or sample indices into a
 // training set on the GPU (device steps only; checked against its count on the host).
 struct StepInput {
-  StepInput(const Batch& host_batch) : batch(&host_batch) {}  // NOLINT: a batch is an input
+  // Implicit, so that train_step(model, optimizer, batch, ...) reads as it says; it keeps a
+  // pointer: pass a batch that outlives the call.
+  StepInput(const Batch& host_batch) : batch(&host_batch) {}  // NOLINT(google-explicit-constructor)
   StepInput(const DeviceDataset& data, std::span<const int64_t> sample_indices)
       : device_data(&data), indices(sample_indices) {}
   const Batch* batch = nullptr;

@@ -455,7 +455,7 @@ void maxpool2d_backward(const Context& ctx, const float* x, const float* y, cons
                                              plan.x.get(), dx));
 }
 
-void release_plans(void* dnn_handle) {
+void release_plans(DnnHandle dnn_handle) {
   plan_cache().release(static_cast<cudnnHandle_t>(dnn_handle));
 }
 

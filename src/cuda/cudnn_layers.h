@@ -29,6 +29,6 @@ void maxpool2d_backward(const Context& ctx, const float* x, const float* y, cons
 // Frees the cached descriptors and scratch buffers made for `dnn_handle` (a cudnnHandle_t).
 // Call it before destroying the handle when the process goes on using the GPU (otherwise the
 // cache keeps them until exit; harmless but held). Synchronises the device (cudaFree).
-void release_plans(void* dnn_handle);
+void release_plans(DnnHandle dnn_handle);
 
 }  // namespace ringtrain::cudnn_layers

@@ -93,14 +93,10 @@ class StagedAllreduce final : public Allreduce {
     staged_ring_allreduce(host_, data, count, op, scratch_, staging_, stream_, ring_, options_);
   }
   AllreduceKind kind() const override { return AllreduceKind::kStagedRing; }
-  // The pinned buffer (cudaMallocHost), and the host ring's slots and handles, sized as
-  // DeviceRingScratch::reserve sizes the device ring's: what the ring's steps ask for.
+  // The pinned buffer (cudaMallocHost), and the host ring's slots and handles (reserve_ring).
   void reserve(size_t count) override {
     staging_.reserve(count);
-    const size_t chunk = ring_chunk(count, host_.size(), 0).size;
-    scratch_.slots(std::min(chunk, static_cast<size_t>(ring_.window) * ring_.segment_elements));
-    scratch_.sends(static_cast<size_t>(ring_.window));
-    scratch_.recvs(static_cast<size_t>(ring_.window));
+    reserve_ring(scratch_, count, host_.size(), ring_);
   }
   int size() const override { return host_.size(); }
 

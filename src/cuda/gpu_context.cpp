@@ -102,7 +102,7 @@ void GpuContext::synchronize() {
   RINGTRAIN_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.comm_stream)));
 }
 
-void wait_for_stream(void* stream_handle, ProgressBoard* board, const char* what,
+void wait_for_stream(StreamHandle stream_handle, ProgressBoard* board, const char* what,
                      double timeout_s) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   if (board == nullptr) {

@@ -324,12 +324,7 @@ DeviceRingScratch::~DeviceRingScratch() {
 }
 
 void DeviceRingScratch::reserve(size_t count, int ranks, const RingOptions& options) {
-  RINGTRAIN_CHECK(ranks >= 1, "DeviceRingScratch::reserve for {} ranks", ranks);
-  // The largest chunk, capped at window x segment: what ring_step asks for.
-  const size_t chunk = ring_chunk(count, ranks, 0).size;
-  slots(std::min(chunk, static_cast<size_t>(options.window) * options.segment_elements));
-  sends(static_cast<size_t>(options.window));
-  recvs(static_cast<size_t>(options.window));
+  reserve_ring(*this, count, ranks, options);
 }
 
 float* DeviceRingScratch::slots(size_t elements) {

@@ -25,7 +25,7 @@ void check_device_step(std::span<float> params, std::span<const float> grads, fl
 
 class DeviceSgd final : public Optimizer {
  public:
-  DeviceSgd(const OptimizerConfig& config, int64_t num_params, void* stream)
+  DeviceSgd(const OptimizerConfig& config, int64_t num_params, StreamHandle stream)
       : config_(config),
         num_params_(num_params),
         stream_(static_cast<cudaStream_t>(stream)),
@@ -56,7 +56,7 @@ class DeviceSgd final : public Optimizer {
 
 class DeviceAdam final : public Optimizer {
  public:
-  DeviceAdam(const OptimizerConfig& config, int64_t num_params, void* stream)
+  DeviceAdam(const OptimizerConfig& config, int64_t num_params, StreamHandle stream)
       : config_(config),
         num_params_(num_params),
         stream_(static_cast<cudaStream_t>(stream)),
@@ -90,7 +90,7 @@ class DeviceAdam final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_device_optimizer(const OptimizerConfig& config, int64_t num_params,
-                                                 void* stream) {
+                                                 StreamHandle stream) {
   RINGTRAIN_CHECK(stream != nullptr, "a device optimizer needs the compute stream");
   if (config.kind == "sgd") return std::make_unique<DeviceSgd>(config, num_params, stream);
   return std::make_unique<DeviceAdam>(config, num_params, stream);

@@ -21,9 +21,9 @@ namespace ringtrain {
 
 struct StepGraphKey {
   const Model* model = nullptr;
-  const void* stream = nullptr;
-  const void* blas = nullptr;
-  const void* dnn = nullptr;
+  StreamHandle stream = nullptr;
+  BlasHandle blas = nullptr;
+  DnnHandle dnn = nullptr;
   ConvImpl conv_impl = ConvImpl::kDirect;
   Shape image_shape;
   const float* images = nullptr;

@@ -108,7 +108,7 @@ class Dense final : public Layer {
     const int64_t batch = x.dim(0);
     if (runs_on_gpu(*this, x, ctx)) {
       // The same pieces as on the CPU, so the buckets are the same; each is reported when its
-      // GEMM is queued (the GPU bucketer orders the averaging after it with an event).
+      // GEMM is queued (the stream GradSync orders the averaging after it with an event).
       gpu_ops::bias_backward(ctx, dy.data(), db_.data(), batch, out_);
       for (int64_t row = 0; row < in_; row += rows_per_piece()) {
         const int64_t end = std::min(in_, row + rows_per_piece());

@@ -14,9 +14,7 @@ class FnAllreduce final : public Allreduce {
   using Fn = std::function<void(float* data, int64_t count)>;
   explicit FnAllreduce(Fn fn, AllreduceKind kind = AllreduceKind::kHostRing)
       : fn_(std::move(fn)), kind_(kind) {}
-  void run(float* data, size_t count, ReduceOp) override {
-    fn_(data, static_cast<int64_t>(count));
-  }
+  void run(float* data, size_t count, ReduceOp) override { fn_(data, static_cast<int64_t>(count)); }
   AllreduceKind kind() const override { return kind_; }
   int size() const override { return 2; }
 
