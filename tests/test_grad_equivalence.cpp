@@ -52,9 +52,11 @@
 
 #include <catch2/catch.hpp>
 
+#include "ringtrain/allreduce.h"
 #include "ringtrain/context.h"
 #include "ringtrain/data.h"
 #include "ringtrain/distributed.h"
+#include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/ops.h"
 #include "ringtrain/ring.h"
@@ -117,12 +119,13 @@ std::vector<float> grid_params(const std::string& name) {
   return params;
 }
 
-// One rank's gradient on `indices`, with compute_gradients as a training step computes it.
-void rank_gradient(Model& model, std::span<const int64_t> indices) {
+// One rank's gradient on `indices`, with compute_gradients as a training step computes it;
+// with `sync`, averaged by it while backward runs, as the ring strategy's step does.
+void rank_gradient(Model& model, std::span<const int64_t> indices, GradSync* sync = nullptr) {
   const Batch batch = batch_of(indices);
   StepWorkspace workspace;
   Context ctx;
-  compute_gradients(model, batch, workspace, ctx);
+  compute_gradients(model, batch, workspace, ctx, sync);
 }
 
 std::vector<float> global_gradient(const std::string& name, int64_t step) {
@@ -146,15 +149,29 @@ std::vector<std::vector<float>> averaged_gradients(const std::string& name, int 
     model->params_from_host(params);
     const int shard =
         averaging == Averaging::kMissingShardBug && comm.rank() == 1 ? 0 : comm.rank();
-    rank_gradient(*model, rank_batch(epoch_order(), 0, per_rank, shard, ranks));
+    const auto shard_indices = rank_batch(epoch_order(), 0, per_rank, shard, ranks);
     Tensor& grads = model->grads();
-    const auto count = static_cast<size_t>(grads.numel());
-    RingScratch scratch;
-    if (averaging == Averaging::kLibrary) {
-      comm.allreduce_library(grads.data(), count, ReduceOp::kAvg);
+    if (averaging == Averaging::kRingSumBug) {
+      rank_gradient(*model, shard_indices);
+      RingScratch scratch;
+      ring_allreduce(comm, grads.data(), static_cast<size_t>(grads.numel()), ReduceOp::kSum,
+                     scratch);
     } else {
-      const ReduceOp op = averaging == Averaging::kRingSumBug ? ReduceOp::kSum : ReduceOp::kAvg;
-      ring_allreduce(comm, grads.data(), count, op, scratch);
+      // The trainer's route: buckets of the flat gradient buffer (small ones, so that there are
+      // several), each averaged by the run's Allreduce as backward reports it.
+      const std::unique_ptr<Allreduce> allreduce = make_allreduce(
+          comm,
+          {.algorithm = averaging == Averaging::kLibrary ? AllreduceAlgorithm::kLibrary
+                                                         : AllreduceAlgorithm::kRing},
+          Context{});
+      const std::unique_ptr<GradSync> sync =
+          make_grad_sync(grads.data(), model->grad_ranges(), *allreduce,
+                         {.first_bucket_elements = 1000,
+                          .bucket_elements = 20000,
+                          .overlap = averaging != Averaging::kLibrary},
+                         Context{});
+      REQUIRE(sync->buckets().size() > 1);
+      rank_gradient(*model, shard_indices, sync.get());
     }
     results[static_cast<size_t>(comm.rank())] = grads.to_host();
   });
