@@ -60,7 +60,7 @@ for ((r = 0; r < REPS; ++r)); do
   for side in before after; do
     dir=$before
     [[ $side == after ]] && dir=$after
-    timeout 600 "${mpi[@]}" -np 2 "$dir/allreduce_bench" -b 64K -e 64M -f 16 -n 10 \
+    timeout 600 "${mpi[@]}" -np 2 "$dir/allreduce_bench" -b 64K -e 64M -f 16 -n 20 --repeats 3 \
       --csv "$work/r.csv" >/dev/null 2>&1 || { echo "failed: $dir/allreduce_bench" >&2; exit 1; }
     tail -n +2 "$work/r.csv" >>"$work/$side.csv"
   done
@@ -72,5 +72,5 @@ for size in $(cut -d, -f"$size_col" "$work/before.csv" | sort -un); do
   b=$(awk -F, -v s="$size" -v c="$bus_col" -v k="$size_col" '$k == s {print $c}' "$work/before.csv" | median)
   a=$(awk -F, -v s="$size" -v c="$bus_col" -v k="$size_col" '$k == s {print $c}' "$work/after.csv" | median)
   printf '| %s bytes | %.3f | %.3f | %.3f |\n' "$size" "$b" "$a" \
-    "$(awk -v a="$a" -v b="$b" 'BEGIN {print b > 0 ? a / b : 0}')"
+    "$(awk -v a="$a" -v b="$b" 'BEGIN {print (b > 0 ? a / b : 0)}')"
 done
