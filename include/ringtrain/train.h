@@ -20,9 +20,14 @@
 
 namespace ringtrain {
 
+struct DeviceStepState;  // the device step's buffers (src/cuda/device_step.h)
+
 struct Batch {
   Tensor images;                // [B, rows, cols, 1], scaled to [0, 1]
   std::vector<int32_t> labels;  // [B]
+  // Device evaluation: the buffers that upload this batch, kept with it (made on first use),
+  // so that evaluating allocates on the device only when a batch grows.
+  std::shared_ptr<DeviceStepState> device;
 };
 
 struct StepStats {
@@ -43,7 +48,6 @@ struct StepStats {
   std::optional<bool> graph_replayed;
 };
 
-struct DeviceStepState;  // the device step's buffers (src/cuda/device_step.h)
 struct StepWorkspace {
   Tensor dlogits;                           // [B, classes], on the model's device
   std::shared_ptr<DeviceStepState> device;  // device steps: images, labels, loss statistics
@@ -146,7 +150,8 @@ struct EvalResult {
 EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t end,
                     int64_t batch_size, Batch& scratch, Context& ctx);
 // One host batch on the device: upload, forward, loss statistics read back (GPU build).
-EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx);
+// Its upload buffers are batch.device.
+EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx);
 
 // Writes the flat parameter buffer: the 8 bytes "RTPARAMS", the element count as a
 // little-endian uint64, then the float32 values, little-endian. Written as

@@ -6,15 +6,15 @@
 
 namespace ringtrain {
 
-EvalResult evaluate_batch_device(Model& model, const Batch& batch, Context& ctx) {
+EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx) {
   RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda,
                   "device evaluation needs a CUDA context and a device model");
-  // Evaluation's own upload buffers, kept across calls: its signature takes no workspace, and
-  // fresh buffers per call would be device allocations, each forcing the next training step
-  // to recapture its graph (step_graph.h).
-  thread_local StepWorkspace workspace;
+  // The upload buffers stay with the caller's scratch batch: fresh ones per call would be
+  // device allocations, each forcing the next training step to recapture its graph
+  // (step_graph.h).
+  if (!batch.device) batch.device = std::make_shared<DeviceStepState>();
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  DeviceStepState& state = state_of(workspace);
+  DeviceStepState& state = *batch.device;
   check_labels(batch.labels, model.output_shape().numel());
   state.batch.upload(batch, stream);
   const Tensor& logits = model.forward(state.batch.images(), ctx);

@@ -259,8 +259,10 @@ GraphRun train_graph_or_eager(const std::string& model_name, const OptimizerConf
     run.steps.push_back(train_step(
         *model, *opt, synthetic_batch(batch_sizes[step], 300 + static_cast<uint32_t>(step)), lr, ws,
         ctx));
-    if (static_cast<int>(step) == eval_after)
-      (void)evaluate_batch_device(*model, synthetic_batch(100, 9), ctx);
+    if (static_cast<int>(step) == eval_after) {
+      Batch eval_batch = synthetic_batch(100, 9);
+      (void)evaluate_batch_device(*model, eval_batch, ctx);
+    }
   }
   run.params = model->params_to_host();
   run.captures = step_graph_captures(ws);
