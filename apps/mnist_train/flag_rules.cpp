@@ -12,32 +12,34 @@
 
 namespace ringtrain::app {
 
+void refuse_usage(const std::string& message) {
+  throw Error(message, ExitCode::kUsage, /*on_every_rank=*/true);
+}
+
 // The flags of the strategies, checked against each other before anything starts (every rank
 // decides the same from the same flags).
 void check_flag_combinations(Options& o, int ranks) {
-  const auto usage = [](const std::string& message) {
-    throw Error(message, ExitCode::kUsage, /*on_every_rank=*/true);
-  };
   const bool ps = o.strategy == Strategy::kParameterServers;
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
   const char* const strategy = to_string(o.strategy);
   for (const std::string& flag : o.flags_given) {
     if (!ps && (flag == "--num-ps" || flag == "--ps-mode" || flag == "--replicas-to-aggregate" ||
                 flag == "--max-staleness"))
-      usage(fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag, strategy));
+      refuse_usage(
+          fmt::format("{} is a flag of --strategy ps (this run: --strategy {})", flag, strategy));
     if (ps && flag == "--allreduce")
-      usage(
+      refuse_usage(
           "--allreduce chooses how the ring and local SGD average; --strategy ps averages "
           "nothing (the workers push their gradients to the servers)");
     if (!local_sgd && flag == "--average-every")
-      usage(
+      refuse_usage(
           fmt::format("--average-every is a flag of --strategy local-sgd (this run: --strategy "
                       "{})",
                       strategy));
     if (ps && o.ps_mode != PsMode::kSync && flag == "--replicas-to-aggregate")
-      usage("--replicas-to-aggregate is a flag of --ps-mode sync");
+      refuse_usage("--replicas-to-aggregate is a flag of --ps-mode sync");
     if (ps && o.ps_mode != PsMode::kAsync && flag == "--max-staleness")
-      usage("--max-staleness is a flag of --ps-mode async");
+      refuse_usage("--max-staleness is a flag of --ps-mode async");
   }
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-preempt-rank", o.test_preempt_rank},
@@ -46,7 +48,7 @@ void check_flag_combinations(Options& o, int ranks) {
                                     std::pair{"--test-perturb-rank", o.test_perturb_rank},
                                     std::pair{"--test-slow-rank", o.test_slow_rank}}) {
     if (value >= ranks)
-      usage(
+      refuse_usage(
           fmt::format("{} {} names a rank outside the {} rank(s) of this job: it must be "
                       "in [-1, {}]",
                       flag, value, ranks, ranks - 1));
@@ -54,58 +56,56 @@ void check_flag_combinations(Options& o, int ranks) {
   if (o.strategy == Strategy::kRing) return;
   if (ps) {
     if (o.num_ps >= ranks)
-      usage(
+      refuse_usage(
           fmt::format("--num-ps {} leaves no worker among the {} rank(s) of this job: start "
                       "more ranks (mpirun -np {}) or use fewer servers",
                       o.num_ps, ranks, o.num_ps + 1));
     const int workers = ranks - o.num_ps;
     if (o.replicas_to_aggregate > workers)
-      usage(
+      refuse_usage(
           fmt::format("--replicas-to-aggregate {} is more than the {} worker(s) ({} ranks - "
                       "--num-ps {})",
                       o.replicas_to_aggregate, workers, ranks, o.num_ps));
-    if (o.check_finite) usage("--check-finite is not supported with --strategy ps yet");
+    if (o.check_finite) refuse_usage("--check-finite is not supported with --strategy ps yet");
     if (o.checkpoint_secs > 0)
-      usage("--checkpoint-secs is not supported with --strategy ps: use --checkpoint-every");
+      refuse_usage("--checkpoint-secs is not supported with --strategy ps: use --checkpoint-every");
   }
   if (o.ema_decay > 0.0f)
-    usage(fmt::format("--ema-decay needs --strategy ring (this run: --strategy {})", strategy));
+    refuse_usage(
+        fmt::format("--ema-decay needs --strategy ring (this run: --strategy {})", strategy));
   // Both strategies move host buffers (the servers' shards, the averaged parameters).
   if (o.device == "cuda")
-    usage(fmt::format("--strategy {} runs on the CPU for now; use --device cpu", strategy));
+    refuse_usage(fmt::format("--strategy {} runs on the CPU for now; use --device cpu", strategy));
   if (o.device == "auto")
     spdlog::info("--strategy {} runs on the CPU: --device auto means cpu here", strategy);
   o.device = "cpu";
 }
 
 void check_device_flags(const Options& o, int ranks, const DeviceChoice& device) {
-  const auto usage = [](const std::string& message) {
-    throw Error(message, ExitCode::kUsage, /*on_every_rank=*/true);
-  };
   if (o.cuda_graphs) {
     // Said before anything is built: both are decided by flags and the machine alone.
     if (ranks > 1)
-      usage(
+      refuse_usage(
           fmt::format("--cuda-graphs captures the one-rank step only ({} ranks here: the "
                       "multi-rank step's gradient averaging is not captured yet); run "
                       "without it",
                       ranks));
     if (device.device != Device::kCuda)
-      usage(fmt::format("--cuda-graphs needs a GPU, and this run trains on the cpu ({})",
-                        device.why));
+      refuse_usage(fmt::format("--cuda-graphs needs a GPU, and this run trains on the cpu ({})",
+                               device.why));
   }
   if (o.conv_impl != ConvImpl::kDirect && device.device != Device::kCuda)
-    usage(fmt::format("--conv-impl {} needs a GPU, and this run trains on the cpu ({})",
-                      to_string(o.conv_impl), device.why));
+    refuse_usage(fmt::format("--conv-impl {} needs a GPU, and this run trains on the cpu ({})",
+                             to_string(o.conv_impl), device.why));
   if (o.data_on_gpu) {
     if (device.device != Device::kCuda)
-      usage(fmt::format("--data-on-gpu needs a GPU, and this run trains on the cpu ({})",
-                        device.why));
+      refuse_usage(fmt::format("--data-on-gpu needs a GPU, and this run trains on the cpu ({})",
+                               device.why));
     if (o.test_nan_rank >= 0)
-      usage("--test-nan-rank writes its NaN into a host batch: run without --data-on-gpu");
+      refuse_usage("--test-nan-rank writes its NaN into a host batch: run without --data-on-gpu");
   }
   if (device.device == Device::kCuda && o.test_comm_delay_ms > 0)
-    usage("--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
+    refuse_usage("--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
 }
 
 }  // namespace ringtrain::app

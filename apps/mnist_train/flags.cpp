@@ -440,21 +440,18 @@ void add_flags(CLI::App& app, Options& o) {
 }
 
 void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images) {
-  const auto usage = [](const std::string& message) {
-    throw Error(message, ExitCode::kUsage, /*on_every_rank=*/true);
-  };
   RINGTRAIN_CHECK(data_ranks >= 1 && train_images >= 0,
                   "check_derived_ranges: {} data ranks, {} training images", data_ranks,
                   train_images);
   // batch x ranks <= images, compared as a division: the product may not fit.
   const int64_t largest_batch = train_images / data_ranks;
   if (largest_batch < 1)
-    usage(
+    refuse_usage(
         fmt::format("the {} training images cannot give each of the {} rank(s) a sample: use "
                     "at most {} rank(s)",
                     train_images, data_ranks, train_images));
   if (o.batch_size > largest_batch)
-    usage(
+    refuse_usage(
         fmt::format("the global batch ({} rank(s) x --batch-size {}) is larger than the {} "
                     "training images: on {} rank(s) --batch-size must be in [1, {}] (or use "
                     "fewer ranks)",
@@ -463,14 +460,14 @@ void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images
   const int64_t steps_per_epoch = train_images / global_batch;  // >= 1
   const int64_t largest_epochs = kMaxSteps / steps_per_epoch;
   if (o.steps == 0 && o.epochs > largest_epochs)
-    usage(
+    refuse_usage(
         fmt::format("--epochs {} x {} steps per epoch is more than {} steps: at this global "
                     "batch ({}) --epochs must be in [1, {}] (or pass --steps)",
                     o.epochs, steps_per_epoch, kMaxSteps, global_batch, largest_epochs));
   const double largest_warmup =
       static_cast<double>(kMaxSteps) / static_cast<double>(steps_per_epoch);
   if (o.warmup_epochs > largest_warmup)
-    usage(fmt::format(
+    refuse_usage(fmt::format(
         "--warmup-epochs {} x {} steps per epoch is more than {} steps: at this "
         "global batch ({}) --warmup-epochs must be in [0, {}] (or pass "
         "--warmup-steps)",
@@ -479,7 +476,7 @@ void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * steps_per_epoch;
   int64_t samples = 0;
   if (__builtin_mul_overflow(total_steps, global_batch, &samples))
-    usage(
+    refuse_usage(
         fmt::format("{} steps x a global batch of {} is more samples than an int64 holds: at "
                     "this global batch a run may take at most {} steps (--steps, or --epochs x "
                     "{} steps per epoch)",

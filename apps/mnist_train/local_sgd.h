@@ -16,6 +16,8 @@ class LocalSgd {
   // `allreduce` null: one rank, nothing to average.
   LocalSgd(Allreduce* allreduce, int64_t average_every, int64_t total_steps)
       : allreduce_(allreduce), every_(average_every), total_(total_steps) {}
+  // Whether the ranks average at all (several ranks): between averages their replicas differ.
+  bool active() const { return allreduce_ != nullptr; }
   // Whether the step just done (step + 1 of the run's count) ends with an average.
   bool due(int64_t step) const {
     return allreduce_ != nullptr && ((step + 1) % every_ == 0 || step + 1 == total_);

@@ -180,8 +180,6 @@ int train(const Job& job) {
   GradSync* const grad_sync = averaging.grad_sync.get();
   LocalSgd local_sgd(o.strategy == Strategy::kLocalSgd ? averaging.allreduce.get() : nullptr,
                      o.average_every, plan.total_steps);
-  // Between averages local-sgd replicas differ by design: they are checked after an average.
-  const bool replicas_drift = o.strategy == Strategy::kLocalSgd && ranks > 1;
   CheckpointWriter checkpoints(o, metrics, comm.board());
   const CheckpointHeader header = checkpoint_header(o, model, plan, ranks, optimizer.name());
   FiniteGuard guard(o, comm);
@@ -255,7 +253,8 @@ int train(const Job& job) {
     }
     const int64_t done = step + 1;
     if (done == 1 && rank == o.test_perturb_rank) perturb_for_test(model);
-    const bool replicas_equal = !replicas_drift || averaged;
+    // Between averages local-sgd replicas differ by design: they are checked after an average.
+    const bool replicas_equal = !local_sgd.active() || averaged;
     const bool stopping = stop_signal != 0 && replicas_equal && done < plan.total_steps;
     if (o.check_replicas > 0 && done % o.check_replicas == 0 && replicas_equal)
       check_replicas(comm, model, done);

@@ -94,6 +94,9 @@ struct Options {
   double test_long_compute_ms = 0.0;    // --strategy ps: each worker step computes this long
 };
 
+// A flag, or a combination of flags, that this job cannot run with: the same usage Error
+// (exit 2) on every rank, since every rank decides from the same flags.
+[[noreturn]] void refuse_usage(const std::string& message);
 // Registers every flag of mnist_train on `app`, writing into `o` (flags.cpp).
 void add_flags(CLI::App& app, Options& o);
 // The flags' ranges that depend on this job (flags.cpp), checked where run() derives the
