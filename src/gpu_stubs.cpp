@@ -108,7 +108,7 @@ std::string nccl_version() {
   no_gpu("NCCL");
 }
 
-EvalResult evaluate_batch_device(Model&, Batch&, Context&) {
+EvalResult evaluate_batch_device(Model&, Batch&, Context&, ProgressBoard*) {
   no_gpu("evaluation on the GPU");
 }
 

@@ -130,7 +130,6 @@ const Tensor& Model::forward(const Tensor& x, Context& ctx) {
   for (int i = 0; i < num_layers(); ++i) {
     layers_[static_cast<size_t>(i)]->forward(acts_[static_cast<size_t>(i)],
                                              acts_[static_cast<size_t>(i + 1)], ctx);
-    if (ctx.board != nullptr) ctx.board->progress();  // for the watchdog: computing is moving
   }
   return acts_.back();
 }
@@ -164,7 +163,6 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
     if (i > first_with_params_) {
       layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
     }
-    if (ctx.board != nullptr) ctx.board->progress();
   }
 }
 

@@ -24,7 +24,9 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
                   "compute_gradients runs on the CPU; a device step is train_step");
   RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
                   "a CPU step averages host gradients: its GradSync must be the host engine");
+  ProgressBoard* const board = workspace.board;
   const Tensor& logits = model.forward(batch.images, ctx);
+  if (board != nullptr) board->progress();  // for the watchdog: computing is moving
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
   StepStats stats;
@@ -33,13 +35,16 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
                             classes, &stats.correct);
   if (sync != nullptr) {
     sync->begin_backward();
-    model.backward(workspace.dlogits, ctx,
-                   [sync](const GradRange& range) { sync->mark_ready(range); });
+    model.backward(workspace.dlogits, ctx, [sync, board](const GradRange& range) {
+      if (board != nullptr) board->progress();
+      sync->mark_ready(range);
+    });
     sync->finish();
     stats.comm = sync->stats();
   } else {
     model.backward(workspace.dlogits, ctx);
   }
+  if (board != nullptr) board->progress();
   return stats;
 }
 
@@ -64,7 +69,7 @@ StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input,
 }
 
 EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t end,
-                    int64_t batch_size, Batch& scratch, Context& ctx) {
+                    int64_t batch_size, Batch& scratch, Context& ctx, ProgressBoard* board) {
   RINGTRAIN_CHECK(0 <= begin && begin <= end && end <= data.count,
                   "evaluation range [{}, {}) is outside the {} samples", begin, end, data.count);
   RINGTRAIN_CHECK(batch_size > 0, "evaluation batch size must be positive");
@@ -76,7 +81,7 @@ EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t en
     std::iota(indices.begin(), indices.end(), start);
     make_batch(data, indices, scratch.images, scratch.labels);
     if (ctx.device == Device::kCuda) {
-      const EvalResult part = evaluate_batch_device(model, scratch, ctx);
+      const EvalResult part = evaluate_batch_device(model, scratch, ctx, board);
       result.correct += part.correct;
       result.samples += part.samples;
       result.loss_sum += part.loss_sum;
@@ -89,6 +94,7 @@ EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t en
     result.correct += correct;
     result.samples += logits.dim(0);
     result.loss_sum += loss * static_cast<double>(logits.dim(0));
+    if (board != nullptr) board->progress();
   }
   return result;
 }

@@ -191,6 +191,7 @@ int train(const Job& job) {
   BatchFeed feed(o, plan, job.data.train, model, rank, ranks);
   StepWorkspace workspace;
   workspace.cuda_graph = o.cuda_graphs;
+  workspace.board = &comm.board();  // computing and device waits are progress for the watchdog
   feed.attach(workspace);
   Batch eval_scratch;
   Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
@@ -331,7 +332,6 @@ int run(Options o, MpiComm& comm) {
   spdlog::info("device: {} ({}){}", to_string(device.device), device.why,
                device.device == Device::kCuda ? "; " + session.description() : std::string());
   ctx.threads = o.threads;
-  ctx.board = &comm.board();  // every layer and device wait is progress for the watchdog
   ctx.conv_impl = o.conv_impl;
 
   const std::string data_dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;

@@ -172,6 +172,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   EpochSampler sampler(setup.data.train.count, o.seed);
   Batch batch, eval_scratch;
   StepWorkspace workspace;
+  workspace.board = &world.board();
   WorkerResult result;
   TrainWindow window;
   int64_t rejections_in_a_row = 0;
@@ -200,8 +201,12 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     auto start = Clock::now();
     const StepStats stats = compute_gradients(model, batch, workspace, ctx);
     // --test-long-compute-ms: a compute step longer than the servers' wait may last, but
-    // moving: more forward passes (each layer is progress) until that long has passed.
-    while (ms_since(start) < o.test_long_compute_ms) model.forward(batch.images, ctx);
+    // moving: more forward passes, each posted as progress as a step's is, until that long
+    // has passed.
+    while (ms_since(start) < o.test_long_compute_ms) {
+      model.forward(batch.images, ctx);
+      world.board().progress();
+    }
     report.compute_ms += ms_since(start);
     if (!std::isfinite(stats.loss))
       throw Error(fmt::format("worker {} (rank {}): the loss became {} at step {}: lower --lr "
@@ -240,7 +245,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       // The chief's copy: the parameters its last answers brought.
       const auto eval_start = Clock::now();
       const EvalResult eval = evaluate(model, setup.data.test, 0, setup.data.test.count,
-                                       o.eval_batch, eval_scratch, ctx);
+                                       o.eval_batch, eval_scratch, ctx, &world.board());
       untimed_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
       report_eval(job_step, eval, seconds, /*print=*/true, metrics);
     }

@@ -10,8 +10,6 @@
 
 namespace ringtrain {
 
-class ProgressBoard;  // progress_board.h
-
 enum class Device { kCpu, kCuda };
 const char* to_string(Device device);  // "cpu", "cuda"
 
@@ -30,9 +28,6 @@ struct Context {
   StreamHandle comm_stream = nullptr;  // the communication stream when device == kCuda
   BlasHandle blas = nullptr;           // cuBLAS, bound to `stream`, when device == kCuda
   DnnHandle dnn = nullptr;             // cuDNN, bound to `stream`, when device == kCuda
-  // Where a device step posts its waits for the streams, so that the collective watchdog sees
-  // a step stuck behind a peer's NCCL transfer (null: plain synchronisation).
-  ProgressBoard* board = nullptr;
   // Conv2D/MaxPool2D on the GPU. Direct is the default because it reproduces the CPU: the
   // pooling gradient goes to the first of tied maxima (cuDNN does not document which one it
   // picks) and the convolutions sum in the CPU's order; whether cuDNN is faster on the cnn's

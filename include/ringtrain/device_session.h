@@ -18,7 +18,7 @@ class DeviceSession {
   DeviceSession(const DeviceSession&) = delete;
   DeviceSession& operator=(const DeviceSession&) = delete;
 
-  // The context to compute in; the caller may set its CPU fields (threads, board, conv_impl).
+  // The context to compute in; the caller may set its CPU fields (threads, conv_impl).
   Context& context() { return ctx_; }
   // "cpu" or the GPU's name, ordinal and memory, for the log.
   const std::string& description() const { return description_; }

@@ -52,8 +52,7 @@ class Model {
   // either device: a device model draws on the host and uploads once).
   void init_params(uint64_t seed);
 
-  // x: [B, ...input]. Returns the logits [B, classes]; valid until the next forward. Both
-  // passes post progress on ctx.board (if set) after each layer, for the watchdog.
+  // x: [B, ...input]. Returns the logits [B, classes]; valid until the next forward.
   const Tensor& forward(const Tensor& x, Context& ctx);
   // dlogits: [B, classes] for the batch of the last forward. Calls on_grad_ready (if set)
   // for each layer that has parameters, in backward order, as soon as that layer's parameter

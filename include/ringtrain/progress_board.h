@@ -1,5 +1,5 @@
 // The progress board: what this rank is doing and when it last moved the job on, posted by the
-// loop, the transports and the layers, read by the collective watchdog (watchdog.h); and the
+// loop, the transports and the training step, read by the collective watchdog (watchdog.h); and the
 // transports' backstop deadline that reads it. Kept apart from Comm: a board is about
 // progress, whatever moves the bytes.
 #pragma once
@@ -17,8 +17,9 @@ inline constexpr const char* kStartingPhase = "starting";
 // What this rank is doing, for the collective watchdog (watchdog.h): the training loop posts
 // the step and the phase (which collective), the transport posts when it starts and stops
 // waiting and on what, and everything that moves the job on posts progress: a transport wait
-// or a piece of a collective completing, a step starting, a phase changing, a layer's forward
-// or backward (Model, through Context::board). The watchdog judges a rank by the time of its
+// or a piece of a collective completing, a step starting, a phase changing, a step's forward
+// and each finished gradient piece (train_step, through StepWorkspace::board), an evaluation
+// batch. The watchdog judges a rank by the time of its
 // last progress, never by how long one wait lasts. Written by the main and the communication
 // thread, read by the watchdog thread; plain atomics and string literals (labels must have
 // static storage), so posting costs a few stores and never allocates or locks: progress() is

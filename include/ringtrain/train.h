@@ -17,6 +17,7 @@
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
+#include "ringtrain/progress_board.h"
 
 namespace ringtrain {
 
@@ -59,6 +60,10 @@ struct StepWorkspace {
   // (mnist_train makes the next batch here, so the GPU does not wait for it). Run once per
   // step, at the first wait.
   std::function<void()> while_device_runs;
+  // Where the step posts progress for the collective watchdog (watchdog.h): after forward,
+  // as each gradient piece is finished, after backward, and the device step's waits for its
+  // streams, so that a step stuck behind a peer's NCCL transfer is seen. Null: no posting.
+  ProgressBoard* board = nullptr;
 };
 
 // A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and
@@ -147,11 +152,14 @@ struct EvalResult {
 
 // Evaluates samples [begin, end) of `data` in order, in batches of at most batch_size.
 // On a CUDA ctx each batch is uploaded and its statistics read back (one sync per batch).
+// `board`: where each batch posts progress (and a device batch its wait), for the watchdog.
 EvalResult evaluate(Model& model, const Dataset& data, int64_t begin, int64_t end,
-                    int64_t batch_size, Batch& scratch, Context& ctx);
+                    int64_t batch_size, Batch& scratch, Context& ctx,
+                    ProgressBoard* board = nullptr);
 // One host batch on the device: upload, forward, loss statistics read back (GPU build).
 // Its upload buffers are batch.device.
-EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx);
+EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx,
+                                 ProgressBoard* board = nullptr);
 
 // Writes the flat parameter buffer: the 8 bytes "RTPARAMS", the element count as a
 // little-endian uint64, then the float32 values, little-endian. Written as

@@ -6,7 +6,7 @@
 
 namespace ringtrain {
 
-EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx) {
+EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx, ProgressBoard* board) {
   RINGTRAIN_CHECK(ctx.device == Device::kCuda && model.device() == Device::kCuda,
                   "device evaluation needs a CUDA context and a device model");
   // The upload buffers stay with the caller's scratch batch: fresh ones per call would be
@@ -20,7 +20,7 @@ EvalResult evaluate_batch_device(Model& model, Batch& batch, Context& ctx) {
   const Tensor& logits = model.forward(state.batch.images(), ctx);
   gpu::softmax_xent(logits.data(), state.batch.labels(), nullptr, logits.dim(0), logits.dim(1),
                     state.stats, stream);
-  state.read_back(stream, false, ctx.board);
+  state.read_back(stream, false, board);
   StepStats stats;
   fill_loss(stats, *state.host_stats, logits.dim(0));
   EvalResult result;

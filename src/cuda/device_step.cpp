@@ -168,7 +168,7 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
     RINGTRAIN_CHECK_CUDA(cudaMemsetAsync(state.nonfinite, 0, sizeof(unsigned long long), stream));
     gpu::count_nonfinite(grads.data(), grads.numel(), state.nonfinite, stream);
     host_work();
-    state.read_back(stream, /*with_nonfinite=*/true, ctx.board);
+    state.read_back(stream, /*with_nonfinite=*/true, workspace.board);
     have_loss = true;
     fill_loss(stats, *state.host_stats, rows);
     stats.grads_finite = *state.host_nonfinite == 0;
@@ -183,12 +183,12 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
   RINGTRAIN_CHECK_CUDA(cudaEventRecord(state.step_end, stream));
   if (!have_loss) {
     host_work();
-    state.read_back(stream, /*with_nonfinite=*/false, ctx.board);
+    state.read_back(stream, /*with_nonfinite=*/false, workspace.board);
     fill_loss(stats, *state.host_stats, rows);
     if (sync != nullptr) stats.comm = sync->stats();
   } else {
     // The update is queued; wait for it so the step's time covers it, as on the CPU.
-    wait_for_stream(stream, ctx.board, "the GPU streams");
+    wait_for_stream(stream, workspace.board, "the GPU streams");
   }
   float device_ms = 0.0f;
   RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&device_ms, state.step_start, state.step_end));
