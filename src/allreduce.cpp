@@ -34,13 +34,17 @@ const char* to_string(AllreduceKind kind) {
       return "ncclAllReduce";
     case AllreduceKind::kStagedRing:
       return "host-staged ring";
+    case AllreduceKind::kExactRing:
+      return "exact fixed-point ring";
   }
   return "?";
 }
 
 Device device_of(AllreduceKind kind) {
-  return kind == AllreduceKind::kHostRing || kind == AllreduceKind::kHostLibrary ? Device::kCpu
-                                                                                 : Device::kCuda;
+  return kind == AllreduceKind::kHostRing || kind == AllreduceKind::kHostLibrary ||
+                 kind == AllreduceKind::kExactRing
+             ? Device::kCpu
+             : Device::kCuda;
 }
 
 namespace {

@@ -68,13 +68,25 @@ void check_ring_options(const RingOptions& options) {
                   options.segment_elements, options.window);
 }
 
-void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
+namespace {
+void reserve_slots(RingSlots& slots, size_t count, int ranks, const RingOptions& options,
+                   size_t floats_per_element) {
   RINGTRAIN_CHECK(ranks >= 1, "a ring of {} ranks", ranks);
   check_ring_options(options);
   const size_t window = static_cast<size_t>(options.window);
-  slots.slots(std::min(ring_chunk(count, ranks, 0).size, window * options.segment_elements));
+  slots.slots(std::min(ring_chunk(count, ranks, 0).size, window * options.segment_elements) *
+              floats_per_element);
   slots.sends(window);
   slots.recvs(window);
+}
+}  // namespace
+
+void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
+  reserve_slots(slots, count, ranks, options, 1);
+}
+
+void reserve_ring_sum(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
+  reserve_slots(slots, count, ranks, options, sizeof(int64_t) / sizeof(float));
 }
 
 namespace {
@@ -89,40 +101,63 @@ int segment_tag(size_t segment) {
   return static_cast<int>(segment % 32768);
 }
 
+// The element types the ring moves: float (the averages) and int64_t (the exact sums of
+// exact_sum.h). Both travel as floats: the transports move bits, and an int64 is two of them.
+template <class T>
+constexpr size_t kFloatsPer = sizeof(T) / sizeof(float);
+template <class T>
+T* as_elements(float* p) {
+  return reinterpret_cast<T*>(p);
+}
+
+// Adds a received segment into the buffer: the transport's add for floats (a kernel on a
+// device transport), a host loop for integers (exact; only host transports carry them).
+void add_segment(Comm& comm, float* dst, const float* src, size_t n) {
+  comm.add_inplace(dst, src, n);
+}
+void add_segment(Comm&, int64_t* dst, const int64_t* src, size_t n) {
+  int64_t* __restrict out = dst;
+  const int64_t* __restrict in = src;
+  for (size_t i = 0; i < n; ++i) out[i] += in[i];
+}
+
 // One ring step: send `send_n` elements from `send` to the right neighbour while receiving
 // `recv_n` elements from the left one. With `reduce`, received segments go through the slots
 // and are added into `recv`; without, they are received straight into `recv`. This exact
 // order of calls is what the NCCL transport's grouping relies on (nccl_comm.h).
-void ring_step(Comm& comm, const float* send, size_t send_n, float* recv, size_t recv_n,
-               bool reduce, RingSlots& scratch, const RingOptions& options) {
+template <class T>
+void ring_step(Comm& comm, const T* send, size_t send_n, T* recv, size_t recv_n, bool reduce,
+               RingSlots& scratch, const RingOptions& options) {
   const int right = (comm.rank() + 1) % comm.size();
   const int left = (comm.rank() - 1 + comm.size()) % comm.size();
   const size_t segment = options.segment_elements;
   const auto window = static_cast<size_t>(options.window);
   const size_t send_segments = (send_n + segment - 1) / segment;
   const size_t recv_segments = (recv_n + segment - 1) / segment;
-  float* slots = reduce ? scratch.slots(std::min(window * segment, recv_n)) : nullptr;
+  T* slots = reduce
+                 ? as_elements<T>(scratch.slots(std::min(window * segment, recv_n) * kFloatsPer<T>))
+                 : nullptr;
   std::vector<CommRequest>& sends = scratch.sends(window);
   std::vector<CommRequest>& recvs = scratch.recvs(window);
-
   const auto length = [segment](size_t total, size_t k) {
     return std::min(segment, total - k * segment);
   };
   const auto post_recv = [&](size_t k) {
-    float* target = reduce ? slots + (k % window) * segment : recv + k * segment;
-    recvs[k % window] = comm.irecv(target, length(recv_n, k), left, segment_tag(k));
+    T* target = reduce ? slots + (k % window) * segment : recv + k * segment;
+    recvs[k % window] = comm.irecv(reinterpret_cast<float*>(target),
+                                   length(recv_n, k) * kFloatsPer<T>, left, segment_tag(k));
   };
   const auto post_send = [&](size_t k) {
-    sends[k % window] = comm.isend(send + k * segment, length(send_n, k), right, segment_tag(k));
+    sends[k % window] = comm.isend(reinterpret_cast<const float*>(send + k * segment),
+                                   length(send_n, k) * kFloatsPer<T>, right, segment_tag(k));
   };
-
   for (size_t k = 0; k < std::min(window, recv_segments); ++k) post_recv(k);
   for (size_t k = 0; k < std::min(window, send_segments); ++k) post_send(k);
   for (size_t k = 0; k < std::max(send_segments, recv_segments); ++k) {
     if (k < recv_segments) {
       comm.wait(recvs[k % window]);
       if (reduce)
-        comm.add_inplace(recv + k * segment, slots + (k % window) * segment, length(recv_n, k));
+        add_segment(comm, recv + k * segment, slots + (k % window) * segment, length(recv_n, k));
       if (k + window < recv_segments) post_recv(k + window);
     }
     if (k < send_segments) {
@@ -132,10 +167,9 @@ void ring_step(Comm& comm, const float* send, size_t send_n, float* recv, size_t
   }
 }
 
-}  // namespace
-
-void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingSlots& slots,
-                         const RingOptions& options) {
+template <class T>
+void reduce_scatter(Comm& comm, T* data, size_t count, RingSlots& slots,
+                    const RingOptions& options) {
   check_ring_options(options);
   const int n = comm.size(), r = comm.rank();
   for (int step = 0; step + 1 < n; ++step) {
@@ -146,8 +180,8 @@ void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingSlots& slots
   }
 }
 
-void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
-                    const RingOptions& options) {
+template <class T>
+void allgather(Comm& comm, T* data, size_t count, RingSlots& slots, const RingOptions& options) {
   check_ring_options(options);
   const int n = comm.size(), r = comm.rank();
   for (int step = 0; step + 1 < n; ++step) {
@@ -156,6 +190,18 @@ void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
     ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/false, slots,
               options);
   }
+}
+
+}  // namespace
+
+void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingSlots& slots,
+                         const RingOptions& options) {
+  reduce_scatter(comm, data, count, slots, options);
+}
+
+void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
+                    const RingOptions& options) {
+  allgather(comm, data, count, slots, options);
 }
 
 void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlots& slots,
@@ -169,6 +215,12 @@ void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlot
     comm.divide_inplace(data + owned.begin, owned.size, static_cast<float>(n));
   }
   ring_allgather(comm, data, count, slots, options);
+}
+
+void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingSlots& slots,
+                        const RingOptions& options) {
+  reduce_scatter(comm, data, count, slots, options);
+  allgather(comm, data, count, slots, options);
 }
 
 }  // namespace ringtrain

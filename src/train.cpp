@@ -18,12 +18,69 @@ namespace ringtrain {
 static_assert(std::endian::native == std::endian::little,
               "the parameter file is little-endian; add byte swapping for big-endian hosts");
 
+namespace {
+
+// The batch as micro-shards (StepWorkspace::exact_sum): each one's gradients computed alone,
+// kept aside by the exact sum, the last one's averaged with every rank's while its backward
+// runs. The loss is the mean of the micro-shards' means, which is the batch's mean.
+StepStats micro_shard_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
+                                Context& ctx, GradSync& sync) {
+  ExactGradSum& exact = *workspace.exact_sum;
+  ProgressBoard* const board = workspace.board;
+  const int64_t shards = exact.local_micro_shards();
+  const int64_t rows = batch.images.dim(0);
+  RINGTRAIN_CHECK(rows % shards == 0 && static_cast<int64_t>(batch.labels.size()) == rows,
+                  "a batch of {} rows cannot be cut into {} equal micro-shards", rows, shards);
+  const int64_t micro_rows = rows / shards;
+  const Shape sample = batch.images.shape().without_leading();
+  StepStats stats;
+  stats.samples = rows;
+  double loss_sum = 0.0;
+  exact.begin_step();
+  for (int64_t shard = 0; shard < shards; ++shard) {
+    // A view: forward only reads its input.
+    const Tensor images =
+        Tensor::view(const_cast<float*>(batch.images.data()) + shard * micro_rows * sample.numel(),
+                     sample.with_leading(micro_rows));
+    const Tensor& logits = model.forward(images, ctx);
+    if (board != nullptr) board->progress();
+    workspace.dlogits.resize(logits.shape());
+    int64_t correct = 0;
+    loss_sum += softmax_xent(logits.data(), batch.labels.data() + shard * micro_rows,
+                             workspace.dlogits.data(), micro_rows, logits.dim(1), &correct);
+    stats.correct += correct;
+    if (shard + 1 < shards) {
+      model.backward(workspace.dlogits, ctx);
+      exact.keep();
+      if (board != nullptr) board->progress();
+      continue;
+    }
+    sync.begin_backward();
+    model.backward(workspace.dlogits, ctx, [&sync, board](const GradRange& range) {
+      if (board != nullptr) board->progress();
+      sync.mark_ready(range);
+    });
+    sync.finish();
+    stats.comm = sync.stats();
+  }
+  if (board != nullptr) board->progress();
+  stats.loss = loss_sum / static_cast<double>(shards);
+  return stats;
+}
+
+}  // namespace
+
 StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
                             Context& ctx, GradSync* sync) {
   RINGTRAIN_CHECK(ctx.device == Device::kCpu,
                   "compute_gradients runs on the CPU; a device step is train_step");
   RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
                   "a CPU step averages host gradients: its GradSync must be the host engine");
+  if (workspace.exact_sum != nullptr) {
+    RINGTRAIN_CHECK(sync != nullptr, "micro-shard steps average through a GradSync over the "
+                                     "exact sum");
+    return micro_shard_gradients(model, batch, workspace, ctx, *sync);
+  }
   ProgressBoard* const board = workspace.board;
   const Tensor& logits = model.forward(batch.images, ctx);
   if (board != nullptr) board->progress();  // for the watchdog: computing is moving
@@ -51,6 +108,8 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
 StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
                      StepWorkspace& workspace, Context& ctx, GradSync* sync,
                      const BeforeUpdateFn& before_update) {
+  RINGTRAIN_CHECK(ctx.device == Device::kCpu || workspace.exact_sum == nullptr,
+                  "micro-shard (--reproducible) steps run on the CPU only");
   if (ctx.device == Device::kCuda)
     return detail::train_step_device(model, optimizer, input, lr, workspace, ctx, sync,
                                      before_update);

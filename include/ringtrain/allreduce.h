@@ -3,13 +3,15 @@
 // SGD's parameter averages, allreduce_bench), chosen once from the configuration by
 // make_allreduce and identical on every rank:
 //
-//   kind             memory   what runs                                        made when
-//   ring over MPI    host     ring_allreduce (ring.h) over the host Comm       cpu, --allreduce
-//   ring MPI_Allreduce    host     Comm::allreduce_library                          cpu,
-//   --allreduce mpi ring over NCCL   device   ring_allreduce_device over NcclComm send/recv    gpu,
-//   ring, own GPUs ncclAllReduce    device   NcclComm::allreduce_library                      gpu,
-//   mpi, own GPUs host-staged ring device   copy to pinned host, ring over MPI, copy back    gpu,
-//   ranks share a GPU
+// clang-format off
+//   kind                   memory  what runs                                   made when
+//   ring over MPI          host    ring_allreduce (ring.h) over the host Comm  cpu, --allreduce ring
+//   MPI_Allreduce          host    Comm::allreduce_library                     cpu, --allreduce mpi
+//   ring over NCCL         device  ring_allreduce_device over NcclComm         gpu, ring, own GPUs
+//   ncclAllReduce          device  NcclComm::allreduce_library                 gpu, mpi, own GPUs
+//   host-staged ring       device  pinned host copy, ring over MPI, copy back  gpu, ranks share one
+//   exact fixed-point ring host    ExactGradSum (exact_sum.h)                  --reproducible
+// clang-format on
 //
 // Host kinds return with the result in place. Device kinds queue the work on the context's
 // communication stream and return without waiting (the caller orders its streams with events).
@@ -33,8 +35,16 @@ enum class AllreduceAlgorithm { kRing, kLibrary };
 AllreduceAlgorithm parse_allreduce_algorithm(const std::string& flag);
 const char* to_string(AllreduceAlgorithm algorithm);  // "ring", "mpi"
 
-enum class AllreduceKind { kHostRing, kHostLibrary, kDeviceRing, kDeviceLibrary, kStagedRing };
-// "ring over MPI", "MPI_Allreduce", "ring over NCCL", "ncclAllReduce", "host-staged ring"
+enum class AllreduceKind {
+  kHostRing,
+  kHostLibrary,
+  kDeviceRing,
+  kDeviceLibrary,
+  kStagedRing,
+  kExactRing,  // --reproducible: fixed-point sums over the host ring (exact_sum.h)
+};
+// "ring over MPI", "MPI_Allreduce", "ring over NCCL", "ncclAllReduce", "host-staged ring",
+// "exact fixed-point ring"
 const char* to_string(AllreduceKind kind);
 Device device_of(AllreduceKind kind);  // where the buffers it takes live
 

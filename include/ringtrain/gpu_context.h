@@ -18,6 +18,7 @@
 #include <string>
 
 #include "ringtrain/context.h"
+#include "ringtrain/progress_board.h"
 
 namespace ringtrain {
 

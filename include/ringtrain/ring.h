@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "ringtrain/comm.h"
@@ -56,6 +57,8 @@ class RingScratch final : public RingSlots {
 // Grows `slots` to what ring_allreduce of `count` elements over `ranks` asks for (the largest
 // chunk, capped at window x segment, and the handles), so that no call of that size grows it.
 void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
+// The same for ring_allreduce_sum of `count` integers.
+void reserve_ring_sum(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
 
 // After it, rank r's buffer holds the full sum of chunk (r + 1) % N in place (other chunks
 // hold partial sums).
@@ -67,5 +70,11 @@ void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
 // Sum or average over all ranks, in place; every rank ends with the same bits.
 void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlots& slots,
                     const RingOptions& options = {});
+// The same ring over 64-bit integers, summed: integer addition is associative, so the result
+// is the exact sum whatever the rank count and the ring's order (the exact reduction of
+// exact_sum.h). Host transports only (the add is a host loop). A segment is
+// options.segment_elements integers, twice a float segment's bytes.
+void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingSlots& slots,
+                        const RingOptions& options = {});
 
 }  // namespace ringtrain

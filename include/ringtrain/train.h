@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ringtrain/data.h"
+#include "ringtrain/exact_sum.h"
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
@@ -64,6 +65,11 @@ struct StepWorkspace {
   // as each gradient piece is finished, after backward, and the device step's waits for its
   // streams, so that a step stuck behind a peer's NCCL transfer is seen. Null: no posting.
   ProgressBoard* board = nullptr;
+  // --reproducible (CPU steps): the batch is exact_sum->local_micro_shards() micro-shards of
+  // equal rows, each run through forward and backward on its own (the same shapes whichever
+  // rank runs it, so the same bits), the last one with the GradSync, which must average over
+  // make_exact_allreduce(*exact_sum). Null: the batch in one pass.
+  ExactGradSum* exact_sum = nullptr;
 };
 
 // A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and

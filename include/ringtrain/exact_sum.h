@@ -1,0 +1,105 @@
+// The exact reduction behind --reproducible: gradients summed as 64-bit fixed-point integers,
+// so that the average of a global batch's micro-shard gradients has the same bits whichever
+// rank computed which micro-shard, and however many ranks there were.
+//
+// Floating-point addition is not associative: summing the same values in another grouping
+// (one rank adding 12 micro-shards, or 4 ranks adding 3 each and then the ring adding the
+// four) changes the last bits, and a trajectory then drifts. Integer addition is associative.
+// So each segment of the gradient buffer (one piece of Model::grad_ranges) gets one scale
+// 2^shift that every rank agrees on, from the largest magnitude of that segment over every
+// micro-shard of the job (an allgather of one exponent per segment); each micro-shard's values
+// are rounded once to integers at that scale, summed as integers within the rank and across
+// ranks by the ring (ring_allreduce_sum), and converted back once:
+//
+//   bound  = max over micro-shards j and elements i of exponent(|g_j[i]|)   (|g| < 2^bound)
+//   shift  = 62 - ceil(log2 K) - bound           (K micro-shards: no sum can reach 2^63)
+//   sum[i] = sum over j of round(g_j[i] * 2^shift)                           (exact)
+//   avg[i] = float(double(sum[i]) * 2^-shift / K)
+//
+// Each term's rounding depends only on its value and the agreed shift, never on where it was
+// summed; the integer sum is exact; the conversion back is one fixed sequence of correctly
+// rounded operations. The result is therefore a function of the micro-shard gradients alone.
+// Its error against the exact real average is at most K/2 units of 2^-shift from the rounding
+// of the terms plus the float rounding of the result: for a segment whose largest magnitude
+// is M, below M * 2^(-61 + ceil(log2 K)) absolute per element, far below float's own 2^-24
+// relative to M.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ringtrain/allreduce.h"
+#include "ringtrain/comm.h"
+#include "ringtrain/model.h"
+#include "ringtrain/ring.h"
+
+namespace ringtrain {
+
+// exponent_bound of values that are all zero, and of values with a NaN or an infinity.
+inline constexpr int kAllZeroBound = INT_MIN;
+inline constexpr int kNonFiniteBound = INT_MAX;
+
+// The smallest e with |v| < 2^e for every v; kAllZeroBound when all are zero (or there are
+// none); kNonFiniteBound when any is NaN or infinite. Bounds combine by max.
+int exponent_bound(std::span<const float> values);
+// The scale exponent at which `terms` values, each below 2^bound in magnitude, sum without
+// overflowing int64 (bound finite, not kAllZeroBound; terms >= 1).
+int fixed_point_shift(int bound, int64_t terms);
+// sums[i] += round-to-nearest-even(values[i] * 2^shift).
+void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums);
+// out[i] = float(double(sums[i]) * 2^-shift / divisor).
+void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
+                      std::span<float> out);
+
+// The micro-shard gradients of one step, averaged exactly over the job. A rank computes its
+// micro-shards one after another in the model's gradient buffer: keep() copies each finished
+// one aside except the last, which stays in the buffer; average() then replaces [begin, end)
+// of the buffer by the average over every micro-shard of the job. The GradSync engine calls
+// average() for each bucket through make_exact_allreduce, while backward of the last
+// micro-shard runs (overlap) or after it; buckets never split a segment, so the scales, and
+// so the bits, do not depend on the bucketing either.
+class ExactGradSum {
+ public:
+  // grads: the model's flat gradient buffer (host memory), segments: Model::grad_ranges().
+  // micro_shards: K, every micro-shard of the global batch (the divisor of the average);
+  // local_micro_shards: this rank's share, the same on every rank. Allocates everything.
+  ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments,
+               int64_t micro_shards, int64_t local_micro_shards, const RingOptions& ring = {});
+
+  void begin_step() { kept_ = 0; }
+  // The buffer holds a finished micro-shard's gradients that the next one will overwrite.
+  void keep();
+  // Collective: [begin, end) must be a run of whole segments, the same on every rank, in the
+  // same order, once per step each, after keep() was called local_micro_shards - 1 times.
+  // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
+  void average(int64_t begin, int64_t end);
+
+  int64_t micro_shards() const { return micro_shards_; }
+  int64_t local_micro_shards() const { return local_micro_shards_; }
+  Comm& comm() { return comm_; }
+  const float* grads() const { return grads_; }
+
+ private:
+  Comm& comm_;
+  float* grads_;
+  std::vector<GradRange> segments_;  // in buffer order
+  int64_t micro_shards_;
+  int64_t local_micro_shards_;
+  RingOptions ring_;
+  std::vector<std::vector<float>> kept_grads_;  // local_micro_shards - 1 copies
+  int64_t kept_ = 0;
+  std::vector<int64_t> sums_;       // one per gradient
+  std::vector<int> bounds_;         // this rank's, per segment of one average() call
+  std::vector<int> all_bounds_;     // every rank's
+  RingScratch scratch_;
+};
+
+// ExactGradSum::average behind the Allreduce interface, for the GradSync engines: run(data,
+// count, kAvg) averages the buffer range at `data` (which must lie in the gradient buffer the
+// sum was made over). Kind kExactRing. Keeps a reference to `sum`.
+std::unique_ptr<Allreduce> make_exact_allreduce(ExactGradSum& sum);
+
+}  // namespace ringtrain
