@@ -161,6 +161,7 @@ class ExactAllreduce final : public Allreduce {
     RINGTRAIN_CHECK(op == ReduceOp::kAvg, "the exact reduction averages micro-shards; it was "
                                           "asked to sum");
     const int64_t begin = data - grads_;
+    const PhaseScope phase(sum_.comm().board(), "exact gradient sum");
     sum_.average(begin, begin + static_cast<int64_t>(count));
   }
   AllreduceKind kind() const override { return AllreduceKind::kExactRing; }

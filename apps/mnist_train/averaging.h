@@ -7,6 +7,7 @@
 
 #include "options.h"
 #include "ringtrain/allreduce.h"
+#include "ringtrain/exact_sum.h"
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/mpi_comm.h"
@@ -15,6 +16,9 @@
 namespace ringtrain::app {
 
 struct Averaging {
+  // --reproducible: the exact sum of the micro-shards, which `allreduce` runs (declared first:
+  // the Allreduce keeps a reference to it).
+  std::unique_ptr<ExactGradSum> exact_sum;
   std::unique_ptr<Allreduce> allreduce;  // null when nothing is averaged (one rank)
   std::unique_ptr<GradSync> grad_sync;   // null unless plan.average_gradients
 };

@@ -18,6 +18,39 @@ void refuse_usage(const std::string& message) {
 
 // The flags of the strategies, checked against each other before anything starts (every rank
 // decides the same from the same flags).
+namespace {
+
+// --reproducible: what its guarantee needs of the other flags.
+void check_reproducible_flags(const Options& o) {
+  if (!o.reproducible) return;
+  if (o.strategy != Strategy::kRing)
+    refuse_usage(fmt::format("--reproducible runs with --strategy ring only (this run: --strategy "
+                             "{}); the parameter servers' and local SGD's sums are not exact yet",
+                             to_string(o.strategy)));
+  if (o.global_batch_size == 0)
+    refuse_usage(
+        "--reproducible needs --global-batch-size: the result is the same for any rank count "
+        "only while the global batch is");
+  if (o.global_batch_size % o.micro_batch != 0)
+    refuse_usage(fmt::format("--global-batch-size {} is not a whole number of --micro-batch {} "
+                             "micro-shards",
+                             o.global_batch_size, o.micro_batch));
+  if (o.device == "cuda")
+    refuse_usage("--reproducible runs on the CPU for now (the GPU's exact sum is not built); "
+                 "use --device cpu");
+  if (o.lr_scaling == LrScaling::kLinear)
+    refuse_usage("--lr-scaling linear scales by the per-rank batch, which changes with the rank "
+                 "count: with --reproducible give the --lr of the global batch");
+  if (o.allreduce != AllreduceAlgorithm::kRing)
+    refuse_usage("--reproducible sums over its own integer ring: leave out --allreduce mpi");
+  if (o.threads != 1)
+    refuse_usage(fmt::format("--reproducible needs --threads 1 (this run: {}): Eigen's threaded "
+                             "GEMM splits its sums by thread",
+                             o.threads));
+}
+
+}  // namespace
+
 void check_flag_combinations(Options& o, int ranks) {
   const bool ps = o.strategy == Strategy::kParameterServers;
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
@@ -40,7 +73,10 @@ void check_flag_combinations(Options& o, int ranks) {
       refuse_usage("--replicas-to-aggregate is a flag of --ps-mode sync");
     if (ps && o.ps_mode != PsMode::kAsync && flag == "--max-staleness")
       refuse_usage("--max-staleness is a flag of --ps-mode async");
+    if (!o.reproducible && flag == "--micro-batch")
+      refuse_usage("--micro-batch is a flag of --reproducible");
   }
+  check_reproducible_flags(o);
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-preempt-rank", o.test_preempt_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
@@ -104,6 +140,10 @@ void check_device_flags(const Options& o, int ranks, const DeviceChoice& device)
     if (o.test_nan_rank >= 0)
       refuse_usage("--test-nan-rank writes its NaN into a host batch: run without --data-on-gpu");
   }
+  if (device.device == Device::kCuda && o.reproducible)
+    refuse_usage(fmt::format("--reproducible runs on the CPU for now, and this run would train "
+                             "on the GPU ({}): pass --device cpu",
+                             device.why));
   if (device.device == Device::kCuda && o.test_comm_delay_ms > 0)
     refuse_usage("--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
 }

@@ -203,6 +203,17 @@ void add_training_flags(CLI::App& app, Options& o) {
       ->excludes(epochs);
   app.add_option("--batch-size", o.batch_size, "Samples per step (per rank)")
       ->check(whole_number<int64_t>(1, kMaxBatch));
+  app.add_option("--global-batch-size", o.global_batch_size,
+                 "Samples per step over all ranks (instead of --batch-size x ranks): each rank "
+                 "takes this / ranks")
+      ->check(whole_number<int64_t>(1, kMaxBatch));
+  app.add_flag("--reproducible", o.reproducible,
+               "The same bits for any rank count: the global batch in micro-shards of "
+               "--micro-batch rows, their gradients summed exactly (needs --global-batch-size)");
+  app.add_option("--micro-batch", o.micro_batch,
+                 "--reproducible: rows per micro-shard; the rank count must divide "
+                 "global batch / this (default 8)")
+      ->check(whole_number<int64_t>(1, kMaxBatch));
   app.add_option("--lr", o.schedule.base_lr, "Base learning rate")
       ->check(real_number<float>({0, kMaxFactor, true}));
   app.add_option("--optimizer", o.optimizer.kind, "sgd or adam")

@@ -192,6 +192,7 @@ int train(const Job& job) {
   StepWorkspace workspace;
   workspace.cuda_graph = o.cuda_graphs;
   workspace.board = &comm.board();  // computing and device waits are progress for the watchdog
+  workspace.exact_sum = averaging.exact_sum.get();
   feed.attach(workspace);
   Batch eval_scratch;
   Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
@@ -323,6 +324,7 @@ int run(Options o, MpiComm& comm) {
   }
   // The watchdog and the transport's backstop deadline were set up by main(), with comm.
   set_cpu_threads(o.threads);
+  if (o.reproducible) fix_cpu_gemm_blocking();
   // --device: this rank's GPU is given by its local rank. The session (streams, cuBLAS and
   // cuDNN handles) is declared before the model so that it outlives every device tensor.
   const DeviceChoice device = choose_device(o.device, comm.local_rank(), comm.local_size());
@@ -412,7 +414,7 @@ int main(int argc, char** argv) {
   }
   options.batch_size_given = app.count("--batch-size") > 0;
   for (const char* flag : {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness",
-                           "--average-every", "--allreduce"}) {
+                           "--average-every", "--allreduce", "--micro-batch"}) {
     if (app.count(flag) > 0) options.flags_given.emplace_back(flag);
   }
   // THREAD_MULTIPLE: the overlap engine's communication thread calls MPI.

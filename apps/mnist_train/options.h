@@ -32,6 +32,13 @@ struct Options {
   int64_t epochs = 1;
   int64_t steps = 0;
   int64_t batch_size = 32;
+  // --global-batch-size: the samples of one step over every data rank (0: --batch-size x
+  // ranks). The per-rank batch is this / ranks.
+  int64_t global_batch_size = 0;
+  // --reproducible: micro-shards of --micro-batch rows, averaged exactly (exact_sum.h), so
+  // that the result does not depend on the rank count.
+  bool reproducible = false;
+  int64_t micro_batch = 8;
   OptimizerConfig optimizer;
   LrSchedule schedule;
   double warmup_epochs = 0.0;

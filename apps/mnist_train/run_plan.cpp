@@ -32,21 +32,67 @@ int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int dat
   return global / data_ranks;
 }
 
+// --global-batch-size: each data rank's share, refused (exit 2) when the ranks cannot share
+// it evenly or --batch-size says otherwise.
+int64_t shared_batch_size(const Options& o, int data_ranks) {
+  const int64_t global = o.global_batch_size;
+  if (o.batch_size_given && o.batch_size * data_ranks != global)
+    refuse_usage(fmt::format("--batch-size {} x {} rank(s) is not --global-batch-size {}: pass "
+                             "one of the two",
+                             o.batch_size, data_ranks, global));
+  if (global % data_ranks != 0)
+    refuse_usage(fmt::format("--global-batch-size {} cannot be shared evenly by {} rank(s): use "
+                             "a rank count that divides it",
+                             global, data_ranks));
+  return global / data_ranks;
+}
+
+// The rank counts that can share `micro_shards` whole micro-shards, for a refusal.
+std::string divisors(int64_t micro_shards) {
+  std::string list;
+  for (int64_t n = 1; n <= micro_shards; ++n)
+    if (micro_shards % n == 0) list += fmt::format("{}{}", list.empty() ? "" : ", ", n);
+  return list;
+}
+
 }  // namespace
 
 RunPlan plan_run(const Options& options, const JobShape& job,
                  const std::optional<ResumePoint>& resumed) {
   Options o = options;  // the batch size a resume sets is checked as if it had been given
   RunPlan plan;
+  if (o.global_batch_size > 0) {
+    if (resumed && resumed->global_batch != o.global_batch_size)
+      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {}; "
+                         "--global-batch-size {} would change the training: pass {} or leave "
+                         "it out",
+                         resumed->step, resumed->global_batch, o.global_batch_size,
+                         resumed->global_batch));
+    o.batch_size = shared_batch_size(o, job.data_ranks);
+    o.batch_size_given = true;
+  }
+  if (o.reproducible) {
+    plan.micro_shards = o.global_batch_size / o.micro_batch;  // whole (check_flag_combinations)
+    if (plan.micro_shards % job.data_ranks != 0)
+      refuse_usage(fmt::format("--reproducible: the global batch of {} is {} micro-shards of "
+                               "--micro-batch {}, which {} rank(s) cannot share; run on {} rank(s) "
+                               "or change --micro-batch",
+                               o.global_batch_size, plan.micro_shards, o.micro_batch,
+                               job.data_ranks, divisors(plan.micro_shards)));
+    plan.local_micro_shards = plan.micro_shards / job.data_ranks;
+  }
   if (resumed) {
     o.batch_size = resumed_batch_size(o, *resumed, job.data_ranks);
     plan.start_step = resumed->step;
     if (resumed->ranks != job.data_ranks)
       plan.resume_note = fmt::format(
           "resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
-          "global batch of {} and the data order (the sums run in another order, so "
-          "the bits differ from a {}-rank run)",
-          resumed->ranks, job.data_ranks, o.batch_size, resumed->global_batch, resumed->ranks);
+          "global batch of {} and the data order {}",
+          resumed->ranks, job.data_ranks, o.batch_size, resumed->global_batch,
+          o.reproducible ? "(--reproducible: and the bits of an uninterrupted run)"
+                         : fmt::format("(the sums run in another order, so the bits differ "
+                                       "from a {}-rank run)",
+                                       resumed->ranks));
   }
   // --batch-size, --epochs and --warmup-epochs against this job (exit 2): nothing below
   // overflows, and an epoch has at least one step.
@@ -78,7 +124,8 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   // there is more than one rank; a host one also with a slowed transport (the overlap tests).
   const bool on_gpu = job.device == Device::kCuda;
   plan.average_gradients =
-      o.strategy == Strategy::kRing && (job.ranks > 1 || (!on_gpu && o.test_comm_delay_ms > 0));
+      o.strategy == Strategy::kRing &&
+      (job.ranks > 1 || o.reproducible || (!on_gpu && o.test_comm_delay_ms > 0));
   // Overlap needs a core to run on: on one node whose cores the ranks' compute threads already
   // fill, the communication thread's copies only take cycles from backward (measured slower
   // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.

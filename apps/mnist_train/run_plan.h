@@ -34,6 +34,10 @@ struct ResumePoint {
 struct RunPlan {
   int64_t batch_size = 0;  // per rank: --batch-size, or the checkpoint's global batch / ranks
   int64_t global_batch = 0;
+  // --reproducible: the global batch's micro-shards, and how many each data rank computes
+  // (0 and 0 otherwise).
+  int64_t micro_shards = 0;
+  int64_t local_micro_shards = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   int64_t start_step = 0;

@@ -37,6 +37,10 @@ struct Context {
 
 // Applies ctx.threads to the CPU math libraries (Eigen's GEMM).
 void set_cpu_threads(int threads);
+// Makes Eigen's GEMM block its products the same way on every CPU (from fixed cache sizes
+// instead of the ones the CPU reports), so that one binary sums in the same order, and gives
+// the same bits, on any x86-64 machine that runs it (--reproducible).
+void fix_cpu_gemm_blocking();
 
 // What --device resolves to for one rank.
 struct DeviceChoice {
