@@ -175,3 +175,54 @@ TEST_CASE("flag rules: strategy flags, test ranks and device needs", "[run_plan]
   CHECK(code_of([&] { check_device_flags(graphs, 2, gpu); }) == ExitCode::kUsage);
   check_device_flags(graphs, 1, gpu);
 }
+
+TEST_CASE("plan: --global-batch-size is shared by the ranks, and must be shareable",
+          "[run_plan]") {
+  Options o;
+  o.global_batch_size = 96;
+  for (const int ranks : {1, 2, 3, 4, 6}) {
+    const RunPlan plan = plan_run(o, one_node(ranks), std::nullopt);
+    CHECK(plan.batch_size == 96 / ranks);
+    CHECK(plan.global_batch == 96);
+    CHECK(plan.steps_per_epoch == 60000 / 96);  // the same epochs on any rank count
+  }
+  CHECK(code_of([&] { plan_run(o, one_node(5), std::nullopt); }) == ExitCode::kUsage);
+  o.batch_size = 32;
+  o.batch_size_given = true;  // 3 x 32 agrees; 2 x 32 does not
+  CHECK(plan_run(o, one_node(3), std::nullopt).batch_size == 32);
+  CHECK(code_of([&] { plan_run(o, one_node(2), std::nullopt); }) == ExitCode::kUsage);
+}
+
+TEST_CASE("plan: --reproducible shares whole micro-shards and always sums them exactly",
+          "[run_plan]") {
+  Options o;
+  o.global_batch_size = 96;
+  o.reproducible = true;
+  o.micro_batch = 8;
+  const RunPlan one = plan_run(o, one_node(1), std::nullopt);
+  CHECK(one.micro_shards == 12);
+  CHECK(one.local_micro_shards == 12);
+  CHECK(one.average_gradients);  // one rank too: its micro-shards are summed exactly
+  const RunPlan four = plan_run(o, one_node(4), std::nullopt);
+  CHECK(four.local_micro_shards == 3);
+  CHECK(four.batch_size == 24);
+  CHECK(four.schedule.global_batch == one.schedule.global_batch);
+  CHECK(four.steps_per_epoch == one.steps_per_epoch);
+  o.global_batch_size = 64;  // 8 micro-shards: 3 ranks divide 64 / 8 no more than 64
+  try {
+    plan_run(o, one_node(3), std::nullopt);
+    FAIL("3 ranks were given 8 micro-shards");
+  } catch (const Error& error) {
+    CHECK(error.code() == ExitCode::kUsage);
+    CHECK_THAT(error.what(), Catch::Contains("run on 1, 2, 4, 8 rank(s)"));
+  }
+  // A resume on another rank count keeps the checkpoint's global batch; another one is refused.
+  o.global_batch_size = 96;
+  const ResumePoint at_20{.step = 20, .global_batch = 96, .ranks = 4};
+  const RunPlan resumed = plan_run(o, one_node(3), at_20);
+  CHECK(resumed.start_step == 20);
+  CHECK(resumed.local_micro_shards == 4);
+  CHECK_THAT(resumed.resume_note, Catch::Contains("the bits of an uninterrupted run"));
+  const ResumePoint other{.step = 20, .global_batch = 128, .ranks = 4};
+  CHECK(code_of([&] { plan_run(o, one_node(4), other); }) != ExitCode::kOk);
+}

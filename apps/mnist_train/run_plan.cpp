@@ -61,16 +61,6 @@ RunPlan plan_run(const Options& options, const JobShape& job,
                  const std::optional<ResumePoint>& resumed) {
   Options o = options;  // the batch size a resume sets is checked as if it had been given
   RunPlan plan;
-  if (o.global_batch_size > 0) {
-    if (resumed && resumed->global_batch != o.global_batch_size)
-      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {}; "
-                         "--global-batch-size {} would change the training: pass {} or leave "
-                         "it out",
-                         resumed->step, resumed->global_batch, o.global_batch_size,
-                         resumed->global_batch));
-    o.batch_size = shared_batch_size(o, job.data_ranks);
-    o.batch_size_given = true;
-  }
   if (o.reproducible) {
     plan.micro_shards = o.global_batch_size / o.micro_batch;  // whole (check_flag_combinations)
     if (plan.micro_shards % job.data_ranks != 0)
@@ -80,6 +70,16 @@ RunPlan plan_run(const Options& options, const JobShape& job,
                                o.global_batch_size, plan.micro_shards, o.micro_batch,
                                job.data_ranks, divisors(plan.micro_shards)));
     plan.local_micro_shards = plan.micro_shards / job.data_ranks;
+  }
+  if (o.global_batch_size > 0) {
+    if (resumed && resumed->global_batch != o.global_batch_size)
+      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {}; "
+                         "--global-batch-size {} would change the training: pass {} or leave "
+                         "it out",
+                         resumed->step, resumed->global_batch, o.global_batch_size,
+                         resumed->global_batch));
+    o.batch_size = shared_batch_size(o, job.data_ranks);
+    o.batch_size_given = true;
   }
   if (resumed) {
     o.batch_size = resumed_batch_size(o, *resumed, job.data_ranks);
