@@ -12,17 +12,18 @@
 // ranks by the ring (ring_allreduce_sum), and converted back once:
 //
 //   bound  = max over micro-shards j and elements i of exponent(|g_j[i]|)   (|g| < 2^bound)
-//   shift  = 62 - ceil(log2 K) - bound           (K micro-shards: no sum can reach 2^63)
+//   shift  = 50 - ceil(log2 K) - bound       (K micro-shards: every sum stays within 2^50)
 //   sum[i] = sum over j of round(g_j[i] * 2^shift)                           (exact)
 //   avg[i] = float(double(sum[i]) * 2^-shift / K)
 //
 // Each term's rounding depends only on its value and the agreed shift, never on where it was
 // summed; the integer sum is exact; the conversion back is one fixed sequence of correctly
 // rounded operations. The result is therefore a function of the micro-shard gradients alone.
-// Its error against the exact real average is at most K/2 units of 2^-shift from the rounding
-// of the terms plus the float rounding of the result: for a segment whose largest magnitude
-// is M, below M * 2^(-61 + ceil(log2 K)) absolute per element, far below float's own 2^-24
-// relative to M.
+// Its error against the exact real average is at most half a unit of 2^-shift (the terms'
+// rounding, averaged) plus the float rounding of the result: for a segment whose largest
+// magnitude is M, below M * 2^(-50 + ceil(log2 K)) absolute per element, far below float's own
+// 2^-24 relative to M. (50 bits, not 62: within 2^50 the conversions to and from double are
+// exact with an addition, which vectorises on every x86-64.)
 #pragma once
 
 #include <climits>
@@ -45,8 +46,8 @@ inline constexpr int kNonFiniteBound = INT_MAX;
 // The smallest e with |v| < 2^e for every v; kAllZeroBound when all are zero (or there are
 // none); kNonFiniteBound when any is NaN or infinite. Bounds combine by max.
 int exponent_bound(std::span<const float> values);
-// The scale exponent at which `terms` values, each below 2^bound in magnitude, sum without
-// overflowing int64 (bound finite, not kAllZeroBound; terms >= 1).
+// The scale exponent at which `terms` values, each below 2^bound in magnitude, round to
+// integers whose sum stays within 2^50 (bound finite, not kAllZeroBound; terms >= 1).
 int fixed_point_shift(int bound, int64_t terms);
 // sums[i] += round-to-nearest-even(values[i] * 2^shift).
 void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums);
@@ -91,6 +92,7 @@ class ExactGradSum {
   RingOptions ring_;
   std::vector<std::vector<float>> kept_grads_;  // local_micro_shards - 1 copies
   int64_t kept_ = 0;
+  std::vector<int> kept_bounds_;    // per segment, over the kept micro-shards
   std::vector<int64_t> sums_;       // one per gradient
   std::vector<int> bounds_;         // this rank's, per segment of one average() call
   std::vector<int> all_bounds_;     // every rank's
