@@ -19,8 +19,10 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
     averaging.allreduce = make_exact_allreduce(*averaging.exact_sum);
     spdlog::info(
         "--reproducible: the global batch of {} is {} micro-shards of {} rows, {} on each rank; "
-        "their gradients are summed exactly (fixed point)",
-        plan.global_batch, plan.micro_shards, o.micro_batch, plan.local_micro_shards);
+        "their gradients are summed exactly (fixed point, one scale per gradient segment; "
+        "gradient segments: {})",
+        plan.global_batch, plan.micro_shards, o.micro_batch, plan.local_micro_shards,
+        model.grad_ranges().size());
   } else {
     // The device transport's deadline is a backstop behind the watchdog, as the host one is.
     averaging.allreduce =

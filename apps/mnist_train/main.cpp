@@ -103,6 +103,8 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
                             {"model", o.model},
                             {"batch_size", job.plan.batch_size},
                             {"global_batch", job.plan.global_batch},
+                            {"reproducible", o.reproducible},
+                            {"micro_batch", o.reproducible ? o.micro_batch : int64_t{0}},
                             {"world_size", int64_t{ranks}},
                             {"ranks", int64_t{ranks}},
                             {"compute_ms", t.times.mean(t.times.compute_ms)},

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# What --reproducible costs: each model at a fixed global batch on NP ranks, the default mode
+# and --reproducible at a few --micro-batch sizes, run alternately REPS times; prints a markdown
+# table of medians (images/s, ms/step, the averaging's ms/step) with the ratio to the default
+# mode, and the bytes each rank sends per step for the gradients (from the parameter count:
+# the ring sends 2 (N-1)/N of the buffer, 4 bytes an element in the default mode, 8 under
+# --reproducible, plus one int per gradient segment and rank for the scales).
+#
+# Usage: scripts/bench_reproducible.sh BUILD_DIR
+#   REPS=3   runs per mode and model
+#   NP=2     ranks
+#   DATA_DIR --data-dir for mnist_train (default: its own default, Fashion-MNIST)
+set -euo pipefail
+build=$1
+REPS=${REPS:-3}
+NP=${NP:-2}
+data=()
+[[ -n "${DATA_DIR:-}" ]] && data=(--data-dir "$DATA_DIR")
+mpi=(mpirun --oversubscribe --mca btl self,vader)
+[[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+field() { grep '"event":"summary"' "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2; }
+median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+
+models=(
+  "mlp|--model mlp --global-batch-size 128 --steps 300"
+  "cnn|--model cnn --global-batch-size 256 --steps 30"
+  "wide mlp|--model mlp --hidden 4096,4096 --global-batch-size 128 --steps 20"
+)
+modes=("default|" "m=8|--reproducible --micro-batch 8" "m=32|--reproducible --micro-batch 32")
+
+echo "| model (np=$NP) | mode | images/s (median of $REPS) | ms/step | averaging ms/step | vs default | gradient bytes sent per rank per step |"
+echo "|---|---|---|---|---|---|---|"
+for entry in "${models[@]}"; do
+  name=${entry%%|*} flags=${entry#*|}
+  for mode in "${modes[@]}"; do : >"$work/${mode%%|*}.ips"; : >"$work/${mode%%|*}.ms"; : >"$work/${mode%%|*}.comm"; done
+  params=0
+  for ((r = 0; r < REPS; ++r)); do
+    for mode in "${modes[@]}"; do
+      tag=${mode%%|*} extra=${mode#*|}
+      # shellcheck disable=SC2086
+      timeout 900 "${mpi[@]}" -np "$NP" "$build/mnist_train" $flags $extra "${data[@]}" \
+        --log-every 0 --eval-batch 10000 --seed 5 --metrics-out "$work/m.jsonl" >"$work/log" 2>&1 ||
+        { echo "failed: mnist_train $flags $extra" >&2; tail -5 "$work/log" >&2; exit 1; }
+      field "$work/m.jsonl" images_per_sec >>"$work/$tag.ips"
+      field "$work/m.jsonl" step_ms >>"$work/$tag.ms"
+      field "$work/m.jsonl" comm_ms >>"$work/$tag.comm"
+      params=$(field "$work/m.jsonl" params)
+      segments=$(grep -o 'gradient segments: [0-9]*' "$work/log" | head -n 1 | grep -o '[0-9]*$' || true)
+    done
+  done
+  base=$(median <"$work/default.ips")
+  for mode in "${modes[@]}"; do
+    tag=${mode%%|*}
+    ips=$(median <"$work/$tag.ips") ms=$(median <"$work/$tag.ms") comm=$(median <"$work/$tag.comm")
+    if [[ $tag == default ]]; then
+      bytes=$(awk -v p="$params" -v n="$NP" 'BEGIN {printf "%.0f", 2 * (n - 1) / n * p * 4}')
+    else
+      bytes=$(awk -v p="$params" -v n="$NP" -v s="${segments:-0}" \
+        'BEGIN {printf "%.0f", 2 * (n - 1) / n * p * 8 + s * 4 * n}')
+    fi
+    printf '| %s | %s | %.0f | %.2f | %.2f | %.2fx the time | %s |\n' "$name" "$tag" "$ips" "$ms" \
+      "$comm" "$(awk -v a="$ips" -v b="$base" 'BEGIN {print b / a}')" "$bytes"
+  done
+done
