@@ -37,7 +37,8 @@ EvalResult evaluate_sharded(Comm& comm, Model& model, const Dataset& data, int64
                             Batch& scratch, Context& ctx) {
   const int64_t ranks = comm.size(), rank = comm.rank();
   const int64_t begin = data.count * rank / ranks, end = data.count * (rank + 1) / ranks;
-  const EvalResult mine = evaluate(model, data, begin, end, batch_size, scratch, ctx, &comm.board());
+  const EvalResult mine =
+      evaluate(model, data, begin, end, batch_size, scratch, ctx, &comm.board());
   const PhaseScope phase(comm.board(), "evaluation sum");
   EvalResult total;
   // Added in rank order on every rank: the same total everywhere.

@@ -15,7 +15,8 @@ int exponent_bound(std::span<const float> values) {
   // On the magnitudes' bit patterns: a non-negative float orders as its bits do, and an
   // integer max vectorises where a float max with NaN checks does not.
   uint32_t largest = 0;
-  for (const float v : values) largest = std::max(largest, std::bit_cast<uint32_t>(v) & 0x7fffffffu);
+  for (const float v : values)
+    largest = std::max(largest, std::bit_cast<uint32_t>(v) & 0x7fffffffu);
   if (largest >= 0x7f800000u) return kNonFiniteBound;  // an infinity, or a NaN
   if (largest == 0) return kAllZeroBound;
   int exponent = 0;
@@ -92,8 +93,8 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   int64_t total = 0;
   for (const GradRange& segment : segments_) {
     RINGTRAIN_CHECK(segment.begin == total && segment.end > segment.begin,
-                    "the gradient segments must tile the buffer: [{}, {}) after {}",
-                    segment.begin, segment.end, total);
+                    "the gradient segments must tile the buffer: [{}, {}) after {}", segment.begin,
+                    segment.end, total);
     total = segment.end;
   }
   kept_grads_.assign(static_cast<size_t>(local_micro_shards - 1),
@@ -116,8 +117,7 @@ void ExactGradSum::keep() {
     const GradRange& segment = segments_[s];
     const auto size = static_cast<size_t>(segment.end - segment.begin);
     std::memcpy(copy + segment.begin, grads_ + segment.begin, size * sizeof(float));
-    kept_bounds_[s] =
-        std::max(kept_bounds_[s], exponent_bound({copy + segment.begin, size}));
+    kept_bounds_[s] = std::max(kept_bounds_[s], exponent_bound({copy + segment.begin, size}));
   }
   ++kept_;
 }
@@ -126,9 +126,9 @@ void ExactGradSum::average(int64_t begin, int64_t end) {
   RINGTRAIN_CHECK(kept_ + 1 == local_micro_shards_,
                   "averaging with {} micro-shard(s) kept; this rank computes {}", kept_,
                   local_micro_shards_);
-  const auto first = std::lower_bound(
-      segments_.begin(), segments_.end(), begin,
-      [](const GradRange& segment, int64_t at) { return segment.begin < at; });
+  const auto first =
+      std::lower_bound(segments_.begin(), segments_.end(), begin,
+                       [](const GradRange& segment, int64_t at) { return segment.begin < at; });
   auto last = first;
   while (last != segments_.end() && last->end <= end) ++last;
   RINGTRAIN_CHECK(first != segments_.end() && first->begin == begin && last != first &&
@@ -165,8 +165,9 @@ void ExactGradSum::average(int64_t begin, int64_t end) {
       const auto size = static_cast<size_t>(std::min(kBlock, segment.end - at));
       const std::span<int64_t> sums(sums_.data() + at, size);
       for (int64_t shard = 0; shard < local_micro_shards_; ++shard)
-        add_fixed_point(values(shard, GradRange{segment.layer, at, at + static_cast<int64_t>(size)}),
-                        shift, sums);
+        add_fixed_point(
+            values(shard, GradRange{segment.layer, at, at + static_cast<int64_t>(size)}), shift,
+            sums);
     }
   }
   comm_.board().progress();
@@ -193,8 +194,9 @@ class ExactAllreduce final : public Allreduce {
  public:
   explicit ExactAllreduce(ExactGradSum& sum, const float* grads) : sum_(sum), grads_(grads) {}
   void run(float* data, size_t count, ReduceOp op) override {
-    RINGTRAIN_CHECK(op == ReduceOp::kAvg, "the exact reduction averages micro-shards; it was "
-                                          "asked to sum");
+    RINGTRAIN_CHECK(op == ReduceOp::kAvg,
+                    "the exact reduction averages micro-shards; it was "
+                    "asked to sum");
     const int64_t begin = data - grads_;
     const PhaseScope phase(sum_.comm().board(), "exact gradient sum");
     sum_.average(begin, begin + static_cast<int64_t>(count));

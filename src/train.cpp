@@ -77,8 +77,9 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
   RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
                   "a CPU step averages host gradients: its GradSync must be the host engine");
   if (workspace.exact_sum != nullptr) {
-    RINGTRAIN_CHECK(sync != nullptr, "micro-shard steps average through a GradSync over the "
-                                     "exact sum");
+    RINGTRAIN_CHECK(sync != nullptr,
+                    "micro-shard steps average through a GradSync over the "
+                    "exact sum");
     return micro_shard_gradients(model, batch, workspace, ctx, *sync);
   }
   ProgressBoard* const board = workspace.board;

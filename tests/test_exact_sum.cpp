@@ -131,8 +131,8 @@ TEST_CASE("exact sum: the integer ring sums exactly over any rank count", "[exac
       results[static_cast<size_t>(comm.rank())] = data;
     });
     for (size_t i = 0; i < count; ++i) {
-      const int64_t expected = ranks * ((int64_t{1} << 58) - 7) +
-                               static_cast<int64_t>(i) * ranks * (ranks + 1) / 2;
+      const int64_t expected =
+          ranks * ((int64_t{1} << 58) - 7) + static_cast<int64_t>(i) * ranks * (ranks + 1) / 2;
       for (const auto& rank_result : results) REQUIRE(rank_result[i] == expected);
     }
   }
@@ -179,8 +179,7 @@ TEST_CASE("exact sum: the average of 12 micro-shards has the same bits on 1 to 1
   }
 }
 
-TEST_CASE("exact sum: a NaN in one micro-shard poisons its segment on every rank only",
-          "[exact]") {
+TEST_CASE("exact sum: a NaN in one micro-shard poisons its segment on every rank only", "[exact]") {
   const std::vector<Bucket> buckets = {{0, 37}, {37, 1038}, {1038, 1100}};
   const auto clean = exact_average(1, 6, buckets);
   for (const int ranks : {1, 3}) {

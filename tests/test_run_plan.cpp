@@ -176,8 +176,7 @@ TEST_CASE("flag rules: strategy flags, test ranks and device needs", "[run_plan]
   check_device_flags(graphs, 1, gpu);
 }
 
-TEST_CASE("plan: --global-batch-size is shared by the ranks, and must be shareable",
-          "[run_plan]") {
+TEST_CASE("plan: --global-batch-size is shared by the ranks, and must be shareable", "[run_plan]") {
   Options o;
   o.global_batch_size = 96;
   for (const int ranks : {1, 2, 3, 4, 6}) {

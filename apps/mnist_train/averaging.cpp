@@ -13,9 +13,9 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
   const bool local_sgd = o.strategy == Strategy::kLocalSgd && comm.size() > 1;
   if (!plan.average_gradients && !local_sgd) return averaging;
   if (o.reproducible) {
-    averaging.exact_sum = std::make_unique<ExactGradSum>(
-        comm, model.grads().data(), model.grad_ranges(), plan.micro_shards,
-        plan.local_micro_shards);
+    averaging.exact_sum =
+        std::make_unique<ExactGradSum>(comm, model.grads().data(), model.grad_ranges(),
+                                       plan.micro_shards, plan.local_micro_shards);
     averaging.allreduce = make_exact_allreduce(*averaging.exact_sum);
     spdlog::info(
         "--reproducible: the global batch of {} is {} micro-shards of {} rows, {} on each rank; "
@@ -26,13 +26,13 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
   } else {
     // The device transport's deadline is a backstop behind the watchdog, as the host one is.
     averaging.allreduce =
-      make_allreduce(comm,
-                     AllreduceConfig{.algorithm = o.allreduce,
-                                     .device = ctx.device,
-                                     .timeout_s = o.collective_timeout + 30.0,
-                                     .phase = local_sgd ? nullptr : "gradient allreduce",
-                                     .test_delay_ms = local_sgd ? 0.0 : o.test_comm_delay_ms},
-                     ctx);
+        make_allreduce(comm,
+                       AllreduceConfig{.algorithm = o.allreduce,
+                                       .device = ctx.device,
+                                       .timeout_s = o.collective_timeout + 30.0,
+                                       .phase = local_sgd ? nullptr : "gradient allreduce",
+                                       .test_delay_ms = local_sgd ? 0.0 : o.test_comm_delay_ms},
+                       ctx);
   }
   Allreduce& allreduce = *averaging.allreduce;
   if (local_sgd) {

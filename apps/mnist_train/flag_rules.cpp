@@ -24,29 +24,34 @@ namespace {
 void check_reproducible_flags(const Options& o) {
   if (!o.reproducible) return;
   if (o.strategy != Strategy::kRing)
-    refuse_usage(fmt::format("--reproducible runs with --strategy ring only (this run: --strategy "
-                             "{}); the parameter servers' and local SGD's sums are not exact yet",
-                             to_string(o.strategy)));
+    refuse_usage(
+        fmt::format("--reproducible runs with --strategy ring only (this run: --strategy "
+                    "{}); the parameter servers' and local SGD's sums are not exact yet",
+                    to_string(o.strategy)));
   if (o.global_batch_size == 0)
     refuse_usage(
         "--reproducible needs --global-batch-size: the result is the same for any rank count "
         "only while the global batch is");
   if (o.global_batch_size % o.micro_batch != 0)
-    refuse_usage(fmt::format("--global-batch-size {} is not a whole number of --micro-batch {} "
-                             "micro-shards",
-                             o.global_batch_size, o.micro_batch));
+    refuse_usage(
+        fmt::format("--global-batch-size {} is not a whole number of --micro-batch {} "
+                    "micro-shards",
+                    o.global_batch_size, o.micro_batch));
   if (o.device == "cuda")
-    refuse_usage("--reproducible runs on the CPU for now (the GPU's exact sum is not built); "
-                 "use --device cpu");
+    refuse_usage(
+        "--reproducible runs on the CPU for now (the GPU's exact sum is not built); "
+        "use --device cpu");
   if (o.lr_scaling == LrScaling::kLinear)
-    refuse_usage("--lr-scaling linear scales by the per-rank batch, which changes with the rank "
-                 "count: with --reproducible give the --lr of the global batch");
+    refuse_usage(
+        "--lr-scaling linear scales by the per-rank batch, which changes with the rank "
+        "count: with --reproducible give the --lr of the global batch");
   if (o.allreduce != AllreduceAlgorithm::kRing)
     refuse_usage("--reproducible sums over its own integer ring: leave out --allreduce mpi");
   if (o.threads != 1)
-    refuse_usage(fmt::format("--reproducible needs --threads 1 (this run: {}): Eigen's threaded "
-                             "GEMM splits its sums by thread",
-                             o.threads));
+    refuse_usage(
+        fmt::format("--reproducible needs --threads 1 (this run: {}): Eigen's threaded "
+                    "GEMM splits its sums by thread",
+                    o.threads));
 }
 
 }  // namespace
@@ -141,9 +146,10 @@ void check_device_flags(const Options& o, int ranks, const DeviceChoice& device)
       refuse_usage("--test-nan-rank writes its NaN into a host batch: run without --data-on-gpu");
   }
   if (device.device == Device::kCuda && o.reproducible)
-    refuse_usage(fmt::format("--reproducible runs on the CPU for now, and this run would train "
-                             "on the GPU ({}): pass --device cpu",
-                             device.why));
+    refuse_usage(
+        fmt::format("--reproducible runs on the CPU for now, and this run would train "
+                    "on the GPU ({}): pass --device cpu",
+                    device.why));
   if (device.device == Device::kCuda && o.test_comm_delay_ms > 0)
     refuse_usage("--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
 }

@@ -37,13 +37,15 @@ int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int dat
 int64_t shared_batch_size(const Options& o, int data_ranks) {
   const int64_t global = o.global_batch_size;
   if (o.batch_size_given && o.batch_size * data_ranks != global)
-    refuse_usage(fmt::format("--batch-size {} x {} rank(s) is not --global-batch-size {}: pass "
-                             "one of the two",
-                             o.batch_size, data_ranks, global));
+    refuse_usage(
+        fmt::format("--batch-size {} x {} rank(s) is not --global-batch-size {}: pass "
+                    "one of the two",
+                    o.batch_size, data_ranks, global));
   if (global % data_ranks != 0)
-    refuse_usage(fmt::format("--global-batch-size {} cannot be shared evenly by {} rank(s): use "
-                             "a rank count that divides it",
-                             global, data_ranks));
+    refuse_usage(
+        fmt::format("--global-batch-size {} cannot be shared evenly by {} rank(s): use "
+                    "a rank count that divides it",
+                    global, data_ranks));
   return global / data_ranks;
 }
 
@@ -64,20 +66,21 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   if (o.reproducible) {
     plan.micro_shards = o.global_batch_size / o.micro_batch;  // whole (check_flag_combinations)
     if (plan.micro_shards % job.data_ranks != 0)
-      refuse_usage(fmt::format("--reproducible: the global batch of {} is {} micro-shards of "
-                               "--micro-batch {}, which {} rank(s) cannot share; run on {} rank(s) "
-                               "or change --micro-batch",
-                               o.global_batch_size, plan.micro_shards, o.micro_batch,
-                               job.data_ranks, divisors(plan.micro_shards)));
+      refuse_usage(
+          fmt::format("--reproducible: the global batch of {} is {} micro-shards of "
+                      "--micro-batch {}, which {} rank(s) cannot share; run on {} rank(s) "
+                      "or change --micro-batch",
+                      o.global_batch_size, plan.micro_shards, o.micro_batch, job.data_ranks,
+                      divisors(plan.micro_shards)));
     plan.local_micro_shards = plan.micro_shards / job.data_ranks;
   }
   if (o.global_batch_size > 0) {
     if (resumed && resumed->global_batch != o.global_batch_size)
-      refuse(fmt::format("the checkpoint at step {} trained with a global batch of {}; "
-                         "--global-batch-size {} would change the training: pass {} or leave "
-                         "it out",
-                         resumed->step, resumed->global_batch, o.global_batch_size,
-                         resumed->global_batch));
+      refuse(fmt::format(
+          "the checkpoint at step {} trained with a global batch of {}; "
+          "--global-batch-size {} would change the training: pass {} or leave "
+          "it out",
+          resumed->step, resumed->global_batch, o.global_batch_size, resumed->global_batch));
     o.batch_size = shared_batch_size(o, job.data_ranks);
     o.batch_size_given = true;
   }
@@ -123,9 +126,8 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   // local-sgd averages parameters, not gradients; a device job averages on the GPU whenever
   // there is more than one rank; a host one also with a slowed transport (the overlap tests).
   const bool on_gpu = job.device == Device::kCuda;
-  plan.average_gradients =
-      o.strategy == Strategy::kRing &&
-      (job.ranks > 1 || o.reproducible || (!on_gpu && o.test_comm_delay_ms > 0));
+  plan.average_gradients = o.strategy == Strategy::kRing && (job.ranks > 1 || o.reproducible ||
+                                                             (!on_gpu && o.test_comm_delay_ms > 0));
   // Overlap needs a core to run on: on one node whose cores the ranks' compute threads already
   // fill, the communication thread's copies only take cycles from backward (measured slower
   // there: docs/benchmarks.md), while across nodes the wire, not the CPU, is the bottleneck.

@@ -67,8 +67,8 @@ class ExactGradSum {
   // grads: the model's flat gradient buffer (host memory), segments: Model::grad_ranges().
   // micro_shards: K, every micro-shard of the global batch (the divisor of the average);
   // local_micro_shards: this rank's share, the same on every rank. Allocates everything.
-  ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments,
-               int64_t micro_shards, int64_t local_micro_shards, const RingOptions& ring = {});
+  ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments, int64_t micro_shards,
+               int64_t local_micro_shards, const RingOptions& ring = {});
 
   void begin_step() { kept_ = 0; }
   // The buffer holds a finished micro-shard's gradients that the next one will overwrite.
@@ -92,10 +92,10 @@ class ExactGradSum {
   RingOptions ring_;
   std::vector<std::vector<float>> kept_grads_;  // local_micro_shards - 1 copies
   int64_t kept_ = 0;
-  std::vector<int> kept_bounds_;    // per segment, over the kept micro-shards
-  std::vector<int64_t> sums_;       // one per gradient
-  std::vector<int> bounds_;         // this rank's, per segment of one average() call
-  std::vector<int> all_bounds_;     // every rank's
+  std::vector<int> kept_bounds_;  // per segment, over the kept micro-shards
+  std::vector<int64_t> sums_;     // one per gradient
+  std::vector<int> bounds_;       // this rank's, per segment of one average() call
+  std::vector<int> all_bounds_;   // every rank's
   RingScratch scratch_;
 };
 

@@ -1,6 +1,6 @@
 // The progress board: what this rank is doing and when it last moved the job on, posted by the
-// loop, the transports and the training step, read by the collective watchdog (watchdog.h); and the
-// transports' backstop deadline that reads it. Kept apart from Comm: a board is about
+// loop, the transports and the training step, read by the collective watchdog (watchdog.h);
+// and the transports' backstop deadline that reads it. Kept apart from Comm: a board is about
 // progress, whatever moves the bytes.
 #pragma once
 
@@ -19,8 +19,8 @@ inline constexpr const char* kStartingPhase = "starting";
 // waiting and on what, and everything that moves the job on posts progress: a transport wait
 // or a piece of a collective completing, a step starting, a phase changing, a step's forward
 // and each finished gradient piece (train_step, through StepWorkspace::board), an evaluation
-// batch. The watchdog judges a rank by the time of its
-// last progress, never by how long one wait lasts. Written by the main and the communication
+// batch. The watchdog judges a rank by the time of its last progress, never by how long one
+// wait lasts. Written by the main and the communication
 // thread, read by the watchdog thread; plain atomics and string literals (labels must have
 // static storage), so posting costs a few stores and never allocates or locks: progress() is
 // one clock read and one relaxed store, cheap enough for every layer.
