@@ -122,6 +122,18 @@ void ExactGradSum::keep() {
   ++kept_;
 }
 
+void ExactGradSum::begin_step() {
+  kept_ = 0;
+  averaged_ = 0;
+}
+
+void ExactGradSum::finish_step() const {
+  RINGTRAIN_CHECK(averaged_ == static_cast<int64_t>(sums_.size()),
+                  "the step averaged {} of the {} gradients exactly: the GradSync must run the "
+                  "exact sum's Allreduce (make_exact_allreduce)",
+                  averaged_, sums_.size());
+}
+
 void ExactGradSum::average(int64_t begin, int64_t end) {
   RINGTRAIN_CHECK(kept_ + 1 == local_micro_shards_,
                   "averaging with {} micro-shard(s) kept; this rank computes {}", kept_,
@@ -186,6 +198,7 @@ void ExactGradSum::average(int64_t begin, int64_t end) {
                        fixed_point_shift(bounds_[s], micro_shards_), micro_shards_, out);
     }
   }
+  averaged_ += end - begin;
 }
 
 namespace {
@@ -195,8 +208,7 @@ class ExactAllreduce final : public Allreduce {
   explicit ExactAllreduce(ExactGradSum& sum, const float* grads) : sum_(sum), grads_(grads) {}
   void run(float* data, size_t count, ReduceOp op) override {
     RINGTRAIN_CHECK(op == ReduceOp::kAvg,
-                    "the exact reduction averages micro-shards; it was "
-                    "asked to sum");
+                    "the exact reduction averages micro-shards; it was asked to sum");
     const int64_t begin = data - grads_;
     const PhaseScope phase(sum_.comm().board(), "exact gradient sum");
     sum_.average(begin, begin + static_cast<int64_t>(count));

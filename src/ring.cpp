@@ -52,6 +52,11 @@ float* RingScratch::slots(size_t elements) {
   return buffer_.data();
 }
 
+int64_t* RingScratch::integer_slots(size_t elements) {
+  if (integers_.size() < elements) integers_.resize(elements);
+  return integers_.data();
+}
+
 std::vector<CommRequest>& RingScratch::sends(size_t n) {
   if (sends_.size() < n) sends_.resize(n);
   return sends_;
@@ -69,24 +74,24 @@ void check_ring_options(const RingOptions& options) {
 }
 
 namespace {
-void reserve_slots(RingSlots& slots, size_t count, int ranks, const RingOptions& options,
-                   size_t floats_per_element) {
+// The slots' elements one ring of `count` elements asks for: the largest chunk, capped at
+// window x segment. Grows the handles too.
+size_t reserve_handles(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
   RINGTRAIN_CHECK(ranks >= 1, "a ring of {} ranks", ranks);
   check_ring_options(options);
   const size_t window = static_cast<size_t>(options.window);
-  slots.slots(std::min(ring_chunk(count, ranks, 0).size, window * options.segment_elements) *
-              floats_per_element);
   slots.sends(window);
   slots.recvs(window);
+  return std::min(ring_chunk(count, ranks, 0).size, window * options.segment_elements);
 }
 }  // namespace
 
 void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
-  reserve_slots(slots, count, ranks, options, 1);
+  slots.slots(reserve_handles(slots, count, ranks, options));
 }
 
-void reserve_ring_sum(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
-  reserve_slots(slots, count, ranks, options, sizeof(int64_t) / sizeof(float));
+void reserve_ring_sum(RingScratch& slots, size_t count, int ranks, const RingOptions& options) {
+  slots.integer_slots(reserve_handles(slots, count, ranks, options));
 }
 
 namespace {
@@ -105,9 +110,16 @@ int segment_tag(size_t segment) {
 // exact_sum.h). Both travel as floats: the transports move bits, and an int64 is two of them.
 template <class T>
 constexpr size_t kFloatsPer = sizeof(T) / sizeof(float);
-template <class T>
-T* as_elements(float* p) {
-  return reinterpret_cast<T*>(p);
+static_assert(kFloatsPer<int64_t> * sizeof(float) == sizeof(int64_t));
+
+// The receive slots for elements of type T: the transport's slots for floats (host or device
+// memory), the host scratch's integer storage for the exact sums.
+float* slots_of(RingSlots& scratch, size_t elements, const float*) {
+  return scratch.slots(elements);
+}
+int64_t* slots_of(RingSlots& scratch, size_t elements, const int64_t*) {
+  // Only ring_allreduce_sum moves integers, and it takes a RingScratch.
+  return static_cast<RingScratch&>(scratch).integer_slots(elements);
 }
 
 // Adds a received segment into the buffer: the transport's add for floats (a kernel on a
@@ -134,9 +146,7 @@ void ring_step(Comm& comm, const T* send, size_t send_n, T* recv, size_t recv_n,
   const auto window = static_cast<size_t>(options.window);
   const size_t send_segments = (send_n + segment - 1) / segment;
   const size_t recv_segments = (recv_n + segment - 1) / segment;
-  T* slots = reduce
-                 ? as_elements<T>(scratch.slots(std::min(window * segment, recv_n) * kFloatsPer<T>))
-                 : nullptr;
+  T* slots = reduce ? slots_of(scratch, std::min(window * segment, recv_n), recv) : nullptr;
   std::vector<CommRequest>& sends = scratch.sends(window);
   std::vector<CommRequest>& recvs = scratch.recvs(window);
   const auto length = [segment](size_t total, size_t k) {
@@ -217,7 +227,7 @@ void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlot
   ring_allgather(comm, data, count, slots, options);
 }
 
-void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingSlots& slots,
+void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingScratch& slots,
                         const RingOptions& options) {
   reduce_scatter(comm, data, count, slots, options);
   allgather(comm, data, count, slots, options);

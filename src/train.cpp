@@ -11,7 +11,9 @@
 
 #include "ringtrain/check.h"
 #include "ringtrain/checkpoint.h"
+#include "ringtrain/exact_sum.h"
 #include "ringtrain/ops.h"
+#include "ringtrain/progress_board.h"
 
 namespace ringtrain {
 
@@ -61,6 +63,7 @@ StepStats micro_shard_gradients(Model& model, const Batch& batch, StepWorkspace&
       sync.mark_ready(range);
     });
     sync.finish();
+    exact.finish_step();
     stats.comm = sync.stats();
   }
   if (board != nullptr) board->progress();
@@ -78,8 +81,7 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
                   "a CPU step averages host gradients: its GradSync must be the host engine");
   if (workspace.exact_sum != nullptr) {
     RINGTRAIN_CHECK(sync != nullptr,
-                    "micro-shard steps average through a GradSync over the "
-                    "exact sum");
+                    "micro-shard steps average through a GradSync over the exact sum");
     return micro_shard_gradients(model, batch, workspace, ctx, *sync);
   }
   ProgressBoard* const board = workspace.board;

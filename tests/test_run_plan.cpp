@@ -225,3 +225,28 @@ TEST_CASE("plan: --reproducible shares whole micro-shards and always sums them e
   const ResumePoint other{.step = 20, .global_batch = 128, .ranks = 4};
   CHECK(code_of([&] { plan_run(o, one_node(4), other); }) != ExitCode::kOk);
 }
+
+TEST_CASE("flag rules: what --reproducible refuses, and --device auto means cpu", "[run_plan]") {
+  Options base;
+  base.reproducible = true;
+  base.global_batch_size = 96;
+  Options ok = base;
+  check_flag_combinations(ok, 4);
+  CHECK(ok.device == "cpu");  // decided from the flags: every rank trains on the CPU alike
+  const auto refused = [&](const std::function<void(Options&)>& change) {
+    Options o = base;
+    change(o);
+    return code_of([&] { check_flag_combinations(o, 4); }) == ExitCode::kUsage;
+  };
+  CHECK(refused([](Options& o) { o.global_batch_size = 0; }));
+  CHECK(refused([](Options& o) { o.micro_batch = 7; }));  // 96 is not whole micro-shards of 7
+  CHECK(refused([](Options& o) { o.device = "cuda"; }));
+  CHECK(refused([](Options& o) { o.threads = 2; }));
+  CHECK(refused([](Options& o) { o.allreduce = AllreduceAlgorithm::kLibrary; }));
+  CHECK(refused([](Options& o) { o.lr_scaling = LrScaling::kLinear; }));
+  CHECK(refused([](Options& o) { o.strategy = Strategy::kLocalSgd; }));
+  CHECK(refused([](Options& o) { o.strategy = Strategy::kParameterServers; }));
+  Options plain;  // --micro-batch belongs to --reproducible
+  plain.flags_given = {"--micro-batch"};
+  CHECK(code_of([&] { check_flag_combinations(plain, 1); }) == ExitCode::kUsage);
+}

@@ -20,9 +20,9 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
     spdlog::info(
         "--reproducible: the global batch of {} is {} micro-shards of {} rows, {} on each rank; "
         "their gradients are summed exactly (fixed point, one scale per gradient segment; "
-        "gradient segments: {})",
+        "gradient segments: {}); {:.1f} MB of kept micro-shard gradients per rank",
         plan.global_batch, plan.micro_shards, o.micro_batch, plan.local_micro_shards,
-        model.grad_ranges().size());
+        model.grad_ranges().size(), static_cast<double>(averaging.exact_sum->kept_bytes()) / 1e6);
   } else {
     // The device transport's deadline is a backstop behind the watchdog, as the host one is.
     averaging.allreduce =

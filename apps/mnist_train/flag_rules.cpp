@@ -16,12 +16,10 @@ void refuse_usage(const std::string& message) {
   throw Error(message, ExitCode::kUsage, /*on_every_rank=*/true);
 }
 
-// The flags of the strategies, checked against each other before anything starts (every rank
-// decides the same from the same flags).
 namespace {
 
 // --reproducible: what its guarantee needs of the other flags.
-void check_reproducible_flags(const Options& o) {
+void check_reproducible_flags(Options& o) {
   if (!o.reproducible) return;
   if (o.strategy != Strategy::kRing)
     refuse_usage(
@@ -41,6 +39,9 @@ void check_reproducible_flags(const Options& o) {
     refuse_usage(
         "--reproducible runs on the CPU for now (the GPU's exact sum is not built); "
         "use --device cpu");
+  // Decided here, from the flags alone, so that every rank trains on the CPU alike.
+  if (o.device == "auto") spdlog::info("--reproducible runs on the CPU: --device auto means cpu");
+  o.device = "cpu";
   if (o.lr_scaling == LrScaling::kLinear)
     refuse_usage(
         "--lr-scaling linear scales by the per-rank batch, which changes with the rank "
@@ -50,12 +51,14 @@ void check_reproducible_flags(const Options& o) {
   if (o.threads != 1)
     refuse_usage(
         fmt::format("--reproducible needs --threads 1 (this run: {}): Eigen's threaded "
-                    "GEMM splits its sums by thread",
+                    "GEMM is not shown to keep its order of summation",
                     o.threads));
 }
 
 }  // namespace
 
+// The flags of the strategies, checked against each other before anything starts (every rank
+// decides the same from the same flags).
 void check_flag_combinations(Options& o, int ranks) {
   const bool ps = o.strategy == Strategy::kParameterServers;
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;

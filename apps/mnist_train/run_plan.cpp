@@ -64,7 +64,12 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   Options o = options;  // the batch size a resume sets is checked as if it had been given
   RunPlan plan;
   if (o.reproducible) {
-    plan.micro_shards = o.global_batch_size / o.micro_batch;  // whole (check_flag_combinations)
+    RINGTRAIN_CHECK(
+        o.global_batch_size > 0 && o.micro_batch > 0 && o.global_batch_size % o.micro_batch == 0,
+        "--reproducible with --global-batch-size {} and --micro-batch {}: "
+        "check_flag_combinations refuses these",
+        o.global_batch_size, o.micro_batch);
+    plan.micro_shards = o.global_batch_size / o.micro_batch;
     if (plan.micro_shards % job.data_ranks != 0)
       refuse_usage(
           fmt::format("--reproducible: the global batch of {} is {} micro-shards of "
@@ -76,11 +81,11 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   }
   if (o.global_batch_size > 0) {
     if (resumed && resumed->global_batch != o.global_batch_size)
-      refuse(fmt::format(
-          "the checkpoint at step {} trained with a global batch of {}; "
-          "--global-batch-size {} would change the training: pass {} or leave "
-          "it out",
-          resumed->step, resumed->global_batch, o.global_batch_size, resumed->global_batch));
+      refuse(
+          fmt::format("the checkpoint at step {} trained with a global batch of {}; "
+                      "--global-batch-size {} would change the training: pass {}{}",
+                      resumed->step, resumed->global_batch, o.global_batch_size,
+                      resumed->global_batch, o.reproducible ? "" : " or leave it out"));
     o.batch_size = shared_batch_size(o, job.data_ranks);
     o.batch_size_given = true;
   }

@@ -70,13 +70,21 @@ class ExactGradSum {
   ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments, int64_t micro_shards,
                int64_t local_micro_shards, const RingOptions& ring = {});
 
-  void begin_step() { kept_ = 0; }
+  void begin_step();
   // The buffer holds a finished micro-shard's gradients that the next one will overwrite.
   void keep();
   // Collective: [begin, end) must be a run of whole segments, the same on every rank, in the
   // same order, once per step each, after keep() was called local_micro_shards - 1 times.
   // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
   void average(int64_t begin, int64_t end);
+
+  // Throws unless this step's average() calls covered the whole buffer (a GradSync over
+  // another Allreduce would leave all but the last micro-shard out, silently).
+  void finish_step() const;
+  // The bytes of the kept copies: (local_micro_shards - 1) x the gradient buffer.
+  int64_t kept_bytes() const {
+    return static_cast<int64_t>(kept_grads_.size() * sums_.size() * sizeof(float));
+  }
 
   int64_t micro_shards() const { return micro_shards_; }
   int64_t local_micro_shards() const { return local_micro_shards_; }
@@ -92,6 +100,7 @@ class ExactGradSum {
   RingOptions ring_;
   std::vector<std::vector<float>> kept_grads_;  // local_micro_shards - 1 copies
   int64_t kept_ = 0;
+  int64_t averaged_ = 0;          // gradients averaged this step
   std::vector<int> kept_bounds_;  // per segment, over the kept micro-shards
   std::vector<int64_t> sums_;     // one per gradient
   std::vector<int> bounds_;       // this rank's, per segment of one average() call

@@ -48,9 +48,12 @@ class RingScratch final : public RingSlots {
   std::vector<CommRequest>& sends(size_t n) override;
   std::vector<CommRequest>& recvs(size_t n) override;
   size_t capacity() const { return buffer_.size(); }
+  // The slots of ring_allreduce_sum: integers, in storage of their own.
+  int64_t* integer_slots(size_t elements);
 
  private:
   std::vector<float> buffer_;
+  std::vector<int64_t> integers_;
   std::vector<CommRequest> sends_, recvs_;
 };
 
@@ -58,7 +61,7 @@ class RingScratch final : public RingSlots {
 // chunk, capped at window x segment, and the handles), so that no call of that size grows it.
 void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
 // The same for ring_allreduce_sum of `count` integers.
-void reserve_ring_sum(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
+void reserve_ring_sum(RingScratch& slots, size_t count, int ranks, const RingOptions& options = {});
 
 // After it, rank r's buffer holds the full sum of chunk (r + 1) % N in place (other chunks
 // hold partial sums).
@@ -72,9 +75,9 @@ void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlot
                     const RingOptions& options = {});
 // The same ring over 64-bit integers, summed: integer addition is associative, so the result
 // is the exact sum whatever the rank count and the ring's order (the exact reduction of
-// exact_sum.h). Host transports only (the add is a host loop). A segment is
+// exact_sum.h). Host transports and host slots only (the add is a host loop). A segment is
 // options.segment_elements integers, twice a float segment's bytes.
-void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingSlots& slots,
+void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingScratch& slots,
                         const RingOptions& options = {});
 
 }  // namespace ringtrain

@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "ringtrain/data.h"
-#include "ringtrain/exact_sum.h"
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
-#include "ringtrain/progress_board.h"
 
 namespace ringtrain {
 
 struct DeviceStepState;  // the device step's buffers (src/cuda/device_step.h)
+class ExactGradSum;      // exact_sum.h
+class ProgressBoard;     // progress_board.h
 
 struct Batch {
   Tensor images;                // [B, rows, cols, 1], scaled to [0, 1]
@@ -61,9 +61,10 @@ struct StepWorkspace {
   // (mnist_train makes the next batch here, so the GPU does not wait for it). Run once per
   // step, at the first wait.
   std::function<void()> while_device_runs;
-  // Where the step posts progress for the collective watchdog (watchdog.h): after forward,
-  // as each gradient piece is finished, after backward, and the device step's waits for its
-  // streams, so that a step stuck behind a peer's NCCL transfer is seen. Null: no posting.
+  // Where the step posts progress for the collective watchdog (watchdog.h): on the CPU after
+  // forward, as each gradient piece is finished and after backward; on the GPU, where the
+  // host only queues work, the waits for the streams, so that a step stuck behind a peer's
+  // NCCL transfer is seen. Null: no posting.
   ProgressBoard* board = nullptr;
   // --reproducible (CPU steps): the batch is exact_sum->local_micro_shards() micro-shards of
   // equal rows, each run through forward and backward on its own (the same shapes whichever
