@@ -11,16 +11,8 @@
 set -euo pipefail
 before=$1 after=$2
 REPS=${REPS:-3}
-data=()
-[[ -n "${DATA_DIR:-}" ]] && data=(--data-dir "$DATA_DIR")
-mpi=(mpirun --oversubscribe --mca btl self,vader)
-[[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-# field FILE KEY: KEY's value in the summary line of a --metrics-out file.
-field() { grep '"event":"summary"' "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2; }
-median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# shellcheck source=scripts/bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 configs=(
   "1|--model mlp --batch-size 64 --steps 300"

@@ -11,13 +11,8 @@
 set -euo pipefail
 build=$1
 EPOCHS=${EPOCHS:-5} NP=${NP:-2} M=${M:-8} SEED=${SEED:-5}
-data=()
-[[ -n "${DATA_DIR:-}" ]] && data=(--data-dir "$DATA_DIR")
-mpi=(mpirun --oversubscribe --mca btl self,vader)
-[[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-field() { grep '"event":"summary"' "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2; }
+# shellcheck source=scripts/bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 models=(
   "mlp|--model mlp --global-batch-size 128 --optimizer sgd --momentum 0.9 --lr 0.05"

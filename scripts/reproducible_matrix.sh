@@ -8,12 +8,8 @@
 set -euo pipefail
 build=$1
 STEPS=${STEPS:-200}
-data=()
-[[ -n "${DATA_DIR:-}" ]] && data=(--data-dir "$DATA_DIR")
-mpi=(mpirun --oversubscribe --mca btl self,vader)
-[[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=scripts/bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 echo "| model | optimizer | overlap | np=1 | np=2 | np=3 | np=4 | np=6 | same bits |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for model in mlp cnn; do

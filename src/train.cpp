@@ -22,77 +22,23 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-// The batch as micro-shards (StepWorkspace::exact_sum): each one's gradients computed alone,
-// kept aside by the exact sum, the last one's averaged with every rank's while its backward
-// runs. The loss is the mean of the micro-shards' means, which is the batch's mean.
-StepStats micro_shard_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
-                                Context& ctx, GradSync& sync) {
-  ExactGradSum& exact = *workspace.exact_sum;
+// Forward, the loss and backward on rows [first, first + rows) of the batch, the gradients
+// handed to `sync` (if set) as backward finishes them. Adds the correct rows to *correct and
+// returns the mean loss.
+double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t rows,
+                        StepWorkspace& workspace, Context& ctx, GradSync* sync, int64_t* correct) {
   ProgressBoard* const board = workspace.board;
-  const int64_t shards = exact.local_micro_shards();
-  const int64_t rows = batch.images.dim(0);
-  RINGTRAIN_CHECK(rows % shards == 0 && static_cast<int64_t>(batch.labels.size()) == rows,
-                  "a batch of {} rows cannot be cut into {} equal micro-shards", rows, shards);
-  const int64_t micro_rows = rows / shards;
   const Shape sample = batch.images.shape().without_leading();
-  StepStats stats;
-  stats.samples = rows;
-  double loss_sum = 0.0;
-  exact.begin_step();
-  for (int64_t shard = 0; shard < shards; ++shard) {
-    // A view: forward only reads its input.
-    const Tensor images =
-        Tensor::view(const_cast<float*>(batch.images.data()) + shard * micro_rows * sample.numel(),
-                     sample.with_leading(micro_rows));
-    const Tensor& logits = model.forward(images, ctx);
-    if (board != nullptr) board->progress();
-    workspace.dlogits.resize(logits.shape());
-    int64_t correct = 0;
-    loss_sum += softmax_xent(logits.data(), batch.labels.data() + shard * micro_rows,
-                             workspace.dlogits.data(), micro_rows, logits.dim(1), &correct);
-    stats.correct += correct;
-    if (shard + 1 < shards) {
-      model.backward(workspace.dlogits, ctx);
-      exact.keep();
-      if (board != nullptr) board->progress();
-      continue;
-    }
-    sync.begin_backward();
-    model.backward(workspace.dlogits, ctx, [&sync, board](const GradRange& range) {
-      if (board != nullptr) board->progress();
-      sync.mark_ready(range);
-    });
-    sync.finish();
-    exact.finish_step();
-    stats.comm = sync.stats();
-  }
-  if (board != nullptr) board->progress();
-  stats.loss = loss_sum / static_cast<double>(shards);
-  return stats;
-}
-
-}  // namespace
-
-StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
-                            Context& ctx, GradSync* sync) {
-  RINGTRAIN_CHECK(ctx.device == Device::kCpu,
-                  "compute_gradients runs on the CPU; a device step is train_step");
-  RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
-                  "a CPU step averages host gradients: its GradSync must be the host engine");
-  if (workspace.exact_sum != nullptr) {
-    RINGTRAIN_CHECK(sync != nullptr,
-                    "micro-shard steps average through a GradSync over the exact sum");
-    return micro_shard_gradients(model, batch, workspace, ctx, *sync);
-  }
-  ProgressBoard* const board = workspace.board;
-  const Tensor& logits = model.forward(batch.images, ctx);
+  // A view: forward only reads its input.
+  const Tensor images = Tensor::view(
+      const_cast<float*>(batch.images.data()) + first * sample.numel(), sample.with_leading(rows));
+  const Tensor& logits = model.forward(images, ctx);
   if (board != nullptr) board->progress();  // for the watchdog: computing is moving
-  const int64_t rows = logits.dim(0), classes = logits.dim(1);
   workspace.dlogits.resize(logits.shape());
-  StepStats stats;
-  stats.samples = rows;
-  stats.loss = softmax_xent(logits.data(), batch.labels.data(), workspace.dlogits.data(), rows,
-                            classes, &stats.correct);
+  int64_t piece_correct = 0;
+  const double loss = softmax_xent(logits.data(), batch.labels.data() + first,
+                                   workspace.dlogits.data(), rows, logits.dim(1), &piece_correct);
+  *correct += piece_correct;
   if (sync != nullptr) {
     sync->begin_backward();
     model.backward(workspace.dlogits, ctx, [sync, board](const GradRange& range) {
@@ -100,11 +46,47 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
       sync->mark_ready(range);
     });
     sync->finish();
-    stats.comm = sync->stats();
   } else {
     model.backward(workspace.dlogits, ctx);
   }
   if (board != nullptr) board->progress();
+  return loss;
+}
+
+}  // namespace
+
+// The batch in one pass or, with StepWorkspace::exact_sum, as micro-shards: each one's
+// gradients computed alone and kept aside by the exact sum, the last one's averaged with
+// every rank's while its backward runs. The loss is the mean of the pieces' means, which is
+// the batch's mean.
+StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
+                            Context& ctx, GradSync* sync) {
+  RINGTRAIN_CHECK(ctx.device == Device::kCpu,
+                  "compute_gradients runs on the CPU; a device step is train_step");
+  RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
+                  "a CPU step averages host gradients: its GradSync must be the host engine");
+  ExactGradSum* const exact = workspace.exact_sum;
+  RINGTRAIN_CHECK(exact == nullptr || sync != nullptr,
+                  "micro-shard steps average through a GradSync over the exact sum");
+  const int64_t pieces = exact != nullptr ? exact->local_micro_shards() : 1;
+  const int64_t rows = batch.images.dim(0);
+  RINGTRAIN_CHECK(rows % pieces == 0 && static_cast<int64_t>(batch.labels.size()) == rows,
+                  "a batch of {} rows and {} labels cannot be cut into {} equal micro-shards", rows,
+                  batch.labels.size(), pieces);
+  const int64_t piece_rows = rows / pieces;
+  StepStats stats;
+  stats.samples = rows;
+  double loss_sum = 0.0;
+  if (exact != nullptr) exact->begin_step();
+  for (int64_t piece = 0; piece < pieces; ++piece) {
+    const bool last = piece + 1 == pieces;
+    loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, workspace, ctx,
+                                 last ? sync : nullptr, &stats.correct);
+    if (!last) exact->keep();
+  }
+  if (exact != nullptr) exact->finish_step();
+  if (sync != nullptr) stats.comm = sync->stats();
+  stats.loss = loss_sum / static_cast<double>(pieces);
   return stats;
 }
 
