@@ -1,6 +1,7 @@
 // The training step, evaluation and the parameter file (see train.h).
 #include "ringtrain/train.h"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -22,11 +23,41 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-// Forward, the loss and backward on rows [first, first + rows) of the batch, the gradients
-// handed to `sync` (if set) as backward finishes them. Adds the correct rows to *correct and
+// What happens to each gradient range as backward finishes it, in a pass of an accumulating
+// step: added into the local sum (the passes before the last), or the sum folded in and the
+// range handed to the GradSync (the last pass). Without accumulation: only the hand-over.
+struct RangeSink {
+  enum class Fold { kNone, kStart, kAdd, kFinish };
+  Fold fold = Fold::kNone;
+  float* grads = nullptr;
+  float* accumulated = nullptr;
+  float passes = 1.0f;  // the divisor of kFinish's mean
+  GradSync* sync = nullptr;
+
+  bool wants_ranges() const { return fold != Fold::kNone || sync != nullptr; }
+  void operator()(const GradRange& range) const {
+    if (fold != Fold::kNone) {
+      float* __restrict g = grads + range.begin;
+      float* __restrict sum = accumulated + range.begin;
+      const int64_t n = range.end - range.begin;
+      if (fold == Fold::kStart) {
+        std::copy(g, g + n, sum);
+      } else if (fold == Fold::kAdd) {
+        for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+      } else {
+        for (int64_t i = 0; i < n; ++i) g[i] = (g[i] + sum[i]) / passes;
+      }
+    }
+    if (sync != nullptr) sync->mark_ready(range);
+  }
+};
+
+// Forward, the loss and backward on rows [first, first + rows) of the batch, each gradient
+// range handed to `sink` as backward finishes it. Adds the correct rows to *correct and
 // returns the mean loss.
 double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t rows,
-                        StepWorkspace& workspace, Context& ctx, GradSync* sync, int64_t* correct) {
+                        StepWorkspace& workspace, Context& ctx, const RangeSink& sink,
+                        int64_t* correct) {
   ProgressBoard* const board = workspace.board;
   const Shape sample = batch.images.shape().without_leading();
   // A view: forward only reads its input.
@@ -39,68 +70,93 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   const double loss = softmax_xent(logits.data(), batch.labels.data() + first,
                                    workspace.dlogits.data(), rows, logits.dim(1), &piece_correct);
   *correct += piece_correct;
-  if (sync != nullptr) {
-    sync->begin_backward();
-    model.backward(workspace.dlogits, ctx, [sync, board](const GradRange& range) {
+  if (sink.sync != nullptr) sink.sync->begin_backward();
+  if (sink.wants_ranges()) {
+    model.backward(workspace.dlogits, ctx, [&sink, board](const GradRange& range) {
       if (board != nullptr) board->progress();
-      sync->mark_ready(range);
+      sink(range);
     });
-    sync->finish();
   } else {
     model.backward(workspace.dlogits, ctx);
   }
+  if (sink.sync != nullptr) sink.sync->finish();
   if (board != nullptr) board->progress();
   return loss;
 }
 
 }  // namespace
 
-// The batch in one pass or, with StepWorkspace::exact_sum, as micro-shards: each one's
-// gradients computed alone and kept aside by the exact sum, the last one's averaged with
-// every rank's while its backward runs. The loss is the mean of the pieces' means, which is
-// the batch's mean.
-StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
-                            Context& ctx, GradSync* sync) {
+// Each pass's batch in one piece or, with StepWorkspace::exact_sum, as micro-shards: each
+// one's gradients computed alone and kept aside by the exact sum (which then accumulates the
+// passes too), the very last one's averaged with every rank's while its backward runs.
+// Without the exact sum, the passes before the last add into workspace.accumulated (see
+// compute_gradients in train.h). The loss is the mean of the pieces' means, which is the
+// batches' mean.
+StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
+                            StepWorkspace& workspace, Context& ctx, GradSync* sync) {
   RINGTRAIN_CHECK(ctx.device == Device::kCpu,
                   "compute_gradients runs on the CPU; a device step is train_step");
   RINGTRAIN_CHECK(sync == nullptr || sync->device() == Device::kCpu,
                   "a CPU step averages host gradients: its GradSync must be the host engine");
+  RINGTRAIN_CHECK(!passes.empty(), "a step needs at least one pass");
   ExactGradSum* const exact = workspace.exact_sum;
   RINGTRAIN_CHECK(exact == nullptr || sync != nullptr,
                   "micro-shard steps average through a GradSync over the exact sum");
-  const int64_t pieces = exact != nullptr ? exact->local_micro_shards() : 1;
-  const int64_t rows = batch.images.dim(0);
-  RINGTRAIN_CHECK(rows % pieces == 0 && static_cast<int64_t>(batch.labels.size()) == rows,
-                  "a batch of {} rows and {} labels cannot be cut into {} equal micro-shards", rows,
-                  batch.labels.size(), pieces);
-  const int64_t piece_rows = rows / pieces;
+  const auto pass_count = static_cast<int64_t>(passes.size());
+  RINGTRAIN_CHECK(exact == nullptr || exact->local_micro_shards() % pass_count == 0,
+                  "{} micro-shards per rank cannot be cut into {} equal passes",
+                  exact != nullptr ? exact->local_micro_shards() : 0, pass_count);
+  const int64_t pieces = exact != nullptr ? exact->local_micro_shards() / pass_count : 1;
+  Tensor& grads = model.grads();
+  const bool fold = exact == nullptr && pass_count > 1;
+  if (fold) workspace.accumulated.resize(grads.shape());
   StepStats stats;
-  stats.samples = rows;
   double loss_sum = 0.0;
   if (exact != nullptr) exact->begin_step();
-  for (int64_t piece = 0; piece < pieces; ++piece) {
-    const bool last = piece + 1 == pieces;
-    loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, workspace, ctx,
-                                 last ? sync : nullptr, &stats.correct);
-    if (!last) exact->keep();
+  for (int64_t pass = 0; pass < pass_count; ++pass) {
+    RINGTRAIN_CHECK(passes[pass].batch != nullptr,
+                    "a CPU step trains on host batches; a device data set needs a CUDA context");
+    const Batch& batch = *passes[pass].batch;
+    const int64_t rows = batch.images.dim(0);
+    RINGTRAIN_CHECK(rows % pieces == 0 && static_cast<int64_t>(batch.labels.size()) == rows,
+                    "a batch of {} rows and {} labels cannot be cut into {} equal micro-shards",
+                    rows, batch.labels.size(), pieces);
+    const int64_t piece_rows = rows / pieces;
+    stats.samples += rows;
+    const bool last_pass = pass + 1 == pass_count;
+    for (int64_t piece = 0; piece < pieces; ++piece) {
+      const bool last = last_pass && piece + 1 == pieces;
+      RangeSink sink{.grads = grads.data(),
+                     .accumulated = workspace.accumulated.data(),
+                     .passes = static_cast<float>(pass_count),
+                     .sync = last ? sync : nullptr};
+      if (fold)
+        sink.fold = last_pass ? RangeSink::Fold::kFinish
+                              : (pass == 0 ? RangeSink::Fold::kStart : RangeSink::Fold::kAdd);
+      loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, workspace, ctx,
+                                   sink, &stats.correct);
+      if (!last && exact != nullptr) exact->keep();
+    }
   }
   if (exact != nullptr) exact->finish_step();
   if (sync != nullptr) stats.comm = sync->stats();
-  stats.loss = loss_sum / static_cast<double>(pieces);
+  stats.loss = loss_sum / static_cast<double>(pieces * pass_count);
   return stats;
 }
 
-StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradSync* sync,
+StepStats train_step(Model& model, Optimizer& optimizer, std::span<const StepInput> passes,
+                     float lr, StepWorkspace& workspace, Context& ctx, GradSync* sync,
                      const BeforeUpdateFn& before_update) {
   RINGTRAIN_CHECK(ctx.device == Device::kCpu || workspace.exact_sum == nullptr,
                   "micro-shard (--reproducible) steps run on the CPU only");
-  if (ctx.device == Device::kCuda)
-    return detail::train_step_device(model, optimizer, input, lr, workspace, ctx, sync,
+  if (ctx.device == Device::kCuda) {
+    RINGTRAIN_CHECK(passes.size() == 1,
+                    "gradient accumulation ({} passes per step) runs on the CPU only",
+                    passes.size());
+    return detail::train_step_device(model, optimizer, passes.front(), lr, workspace, ctx, sync,
                                      before_update);
-  RINGTRAIN_CHECK(input.batch != nullptr,
-                  "a CPU step trains on a host batch; a device data set needs a CUDA context");
-  StepStats stats = compute_gradients(model, *input.batch, workspace, ctx, sync);
+  }
+  StepStats stats = compute_gradients(model, passes, workspace, ctx, sync);
   Tensor& params = model.params();
   const Tensor& grads = model.grads();
   if (before_update && !before_update(stats, {grads.data(), static_cast<size_t>(grads.numel())})) {

@@ -8,7 +8,9 @@
 #  (c) a run on 4 ranks stopped at step 20 and resumed from its checkpoint on 3 ranks (and on
 #      1) ends with the bits of the uninterrupted run;
 #  (d) a rank count that cannot share the micro-shards, and flags the guarantee cannot keep,
-#      are refused with exit 2 and a message naming the flag.
+#      are refused with exit 2 and a message naming the flag;
+#  (e) --accumulate-steps K (K passes of G / K per optimizer step) gives the bits of one pass
+#      of G: np x K = 1 x 4, 2 x 2 and 3 x 2.
 # Usage: reproducible_test.sh MPIRUN MNIST_TRAIN NUMPROC_FLAG [MPIRUN FLAGS...]
 set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
@@ -87,5 +89,19 @@ refused "--reproducible under --strategy local-sgd" 2 "--strategy ring only" "${
   --strategy local-sgd
 refused "--global-batch-size that 5 ranks cannot share" 5 "cannot be shared evenly by 5" \
   --global-batch-size 96
+refused "--accumulate-steps under --strategy ps" 2 "a flag of --strategy ring and local-sgd" \
+  --strategy ps --accumulate-steps 2
+
+# ---- (e) gradient accumulation: K passes of G / K per optimizer step, the same bits ----
+for config in "1 4" "2 2" "3 2"; do
+  read -r np passes <<<"$config"
+  name="acc${np}x$passes"
+  run "$name" 180 "$np" "${mlp[@]}" --accumulate-steps "$passes" --save-params "$name.bin" &&
+    ok "$name" &&
+    same "(e) mlp: np=$np x --accumulate-steps $passes equals np=1 in one pass" mlp1.bin \
+      "$name.bin"
+done
+has acc2x2 "40 steps" && has acc2x2 "optimizer steps of 2 passes each" ||
+  fail "(e) the summary does not count optimizer steps of 2 passes: $(grep summary acc2x2.log)"
 
 finish reproducible

@@ -250,3 +250,81 @@ TEST_CASE("flag rules: what --reproducible refuses, and --device auto means cpu"
   plain.flags_given = {"--micro-batch"};
   CHECK(code_of([&] { check_flag_combinations(plain, 1); }) == ExitCode::kUsage);
 }
+
+TEST_CASE("plan: --accumulate-steps counts optimizer steps of K passes", "[run_plan][accumulate]") {
+  Options o;
+  o.batch_size = 32;
+  o.accumulate_steps = 4;
+  o.epochs = 1;
+  const RunPlan plan = plan_run(o, one_node(2), std::nullopt);
+  CHECK(plan.batch_size == 32);  // per rank and pass
+  CHECK(plan.accumulate_steps == 4);
+  CHECK(plan.global_batch == 2 * 32 * 4);
+  CHECK(plan.steps_per_epoch == 60000 / 256);  // optimizer steps
+  CHECK(plan.total_steps == plan.steps_per_epoch);
+  CHECK(plan.schedule.global_batch == 256);
+  o.lr_scaling = LrScaling::kLinear;  // scaled by the whole step's batch: ranks x passes
+  const RunPlan scaled = plan_run(o, one_node(2), std::nullopt);
+  CHECK(scaled.schedule.reference_batch == 32);
+  // --global-batch-size is an optimizer step's: each rank's pass takes G / (ranks x passes).
+  Options g;
+  g.global_batch_size = 96;
+  g.accumulate_steps = 2;
+  CHECK(plan_run(g, one_node(3), std::nullopt).batch_size == 16);
+  CHECK(code_of([&] { plan_run(g, one_node(5), std::nullopt); }) == ExitCode::kUsage);
+  g.accumulate_steps = 5;  // 96 is not shared by 1 rank x 5 passes
+  CHECK(code_of([&] { plan_run(g, one_node(1), std::nullopt); }) == ExitCode::kUsage);
+  // A resume keeps the checkpoint's global batch whatever the passes: same samples per step.
+  Options r;
+  r.accumulate_steps = 3;
+  const RunPlan resumed =
+      plan_run(r, one_node(2), ResumePoint{.step = 10, .global_batch = 96, .ranks = 4});
+  CHECK(resumed.batch_size == 16);
+  CHECK(resumed.global_batch == 96);
+  CHECK(code_of([&] {
+          plan_run(r, one_node(5), ResumePoint{.step = 10, .global_batch = 96, .ranks = 4});
+        }) != ExitCode::kOk);  // 5 ranks x 3 passes cannot share 96
+  // Too large a step for the data.
+  Options big;
+  big.batch_size = 10000;
+  big.accumulate_steps = 4;
+  CHECK(code_of([&] { plan_run(big, one_node(2), std::nullopt); }) == ExitCode::kUsage);
+}
+
+TEST_CASE("plan: --reproducible with --accumulate-steps shares whole micro-shards per pass",
+          "[run_plan][accumulate]") {
+  Options o;
+  o.reproducible = true;
+  o.global_batch_size = 96;
+  o.micro_batch = 8;
+  o.accumulate_steps = 2;
+  const RunPlan plan = plan_run(o, one_node(3), std::nullopt);
+  CHECK(plan.micro_shards == 12);
+  CHECK(plan.local_micro_shards == 4);  // two passes of two
+  CHECK(plan.batch_size == 16);
+  try {
+    plan_run(o, one_node(4), std::nullopt);  // 12 micro-shards: 4 ranks x 2 passes cannot
+    FAIL("4 ranks x 2 passes were given 12 micro-shards");
+  } catch (const Error& error) {
+    CHECK(error.code() == ExitCode::kUsage);
+    CHECK_THAT(error.what(), Catch::Contains("run on 1, 2, 3, 6 rank(s)"));
+  }
+}
+
+TEST_CASE("flag rules: --accumulate-steps runs on the CPU and not under --strategy ps",
+          "[run_plan][accumulate]") {
+  Options ps;
+  ps.strategy = Strategy::kParameterServers;
+  ps.accumulate_steps = 2;
+  CHECK(code_of([&] { check_flag_combinations(ps, 3); }) == ExitCode::kUsage);
+  Options local;
+  local.strategy = Strategy::kLocalSgd;
+  local.accumulate_steps = 2;
+  check_flag_combinations(local, 2);
+  Options ring;
+  ring.accumulate_steps = 2;
+  const DeviceChoice gpu{.device = Device::kCuda, .gpu = 0, .why = "asked"};
+  CHECK(code_of([&] { check_device_flags(ring, 1, gpu); }) == ExitCode::kUsage);
+  const DeviceChoice cpu{.device = Device::kCpu, .gpu = -1, .why = "no GPU"};
+  check_device_flags(ring, 2, cpu);
+}

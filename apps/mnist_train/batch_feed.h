@@ -1,5 +1,8 @@
 // This rank's input, step by step: its slice of each global batch (rank_batch over the
-// epoch's shuffled order, the same on every rank). On a GPU with host batches the next step's
+// epoch's shuffled order, the same on every rank). With --accumulate-steps K, a step's global
+// batch is K passes' batches, the K consecutive slices of the order that one pass of K times
+// the batch would take, so that an optimizer step trains on the same samples whatever K and
+// the rank count are. On a GPU with host batches the next step's
 // batch is made while the device runs the current one; with --data-on-gpu the training set is
 // on the GPU and a step gets only the sample indices.
 #pragma once
@@ -7,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "options.h"
 #include "ringtrain/data.h"
@@ -25,11 +29,12 @@ class BatchFeed {
   // A device step with host batches makes the next batch in workspace.while_device_runs (set
   // once: nothing is allocated per step).
   void attach(StepWorkspace& workspace);
-  // The input of `step` (valid until the next call). --test-nan-rank's NaN goes in here.
-  StepInput input(int64_t step);
+  // The inputs of `step`, one per pass (valid until the next call). --test-nan-rank's NaN
+  // goes in the first pass's batch.
+  std::span<const StepInput> inputs(int64_t step);
 
  private:
-  std::span<const int64_t> indices_of(int64_t step);
+  std::span<const int64_t> indices_of(int64_t step, int64_t pass = 0);
 
   const Options& o_;
   const RunPlan& plan_;
@@ -37,7 +42,8 @@ class BatchFeed {
   int rank_, ranks_;
   bool on_gpu_;
   EpochSampler sampler_;
-  Batch batch_;
+  std::vector<Batch> pass_batches_;  // one per pass; inputs_[k] points at pass_batches_[k]
+  std::vector<StepInput> inputs_;
   Batch next_batch_;              // device steps: the next step's batch, made meanwhile
   int64_t next_batch_step_ = -1;  // the step whose batch next_batch_ holds (-1: none)
   int64_t current_step_ = -1;

@@ -85,6 +85,10 @@ void check_flag_combinations(Options& o, int ranks) {
       refuse_usage("--micro-batch is a flag of --reproducible");
   }
   check_reproducible_flags(o);
+  if (ps && o.accumulate_steps > 1)
+    refuse_usage(
+        "--accumulate-steps is a flag of --strategy ring and local-sgd: the parameter-server "
+        "workers push each batch's gradients (use a larger --batch-size)");
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-preempt-rank", o.test_preempt_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
@@ -152,6 +156,11 @@ void check_device_flags(const Options& o, int ranks, const DeviceChoice& device)
     refuse_usage(
         fmt::format("--reproducible runs on the CPU for now, and this run would train "
                     "on the GPU ({}): pass --device cpu",
+                    device.why));
+  if (device.device == Device::kCuda && o.accumulate_steps > 1)
+    refuse_usage(
+        fmt::format("--accumulate-steps runs on the CPU for now (the device step takes one "
+                    "pass), and this run would train on the GPU ({}): pass --device cpu",
                     device.why));
   if (device.device == Device::kCuda && o.test_comm_delay_ms > 0)
     refuse_usage("--test-comm-delay-ms is a CPU-path test flag; use --device cpu");

@@ -204,9 +204,14 @@ void add_training_flags(CLI::App& app, Options& o) {
   app.add_option("--batch-size", o.batch_size, "Samples per step (per rank)")
       ->check(whole_number<int64_t>(1, kMaxBatch));
   app.add_option("--global-batch-size", o.global_batch_size,
-                 "Samples per step over all ranks (instead of --batch-size x ranks): each rank "
-                 "takes this / ranks")
+                 "Samples per optimizer step over all ranks (instead of --batch-size x ranks "
+                 "x --accumulate-steps): each rank takes this / (ranks x passes) per pass")
       ->check(whole_number<int64_t>(1, kMaxBatch));
+  app.add_option("--accumulate-steps", o.accumulate_steps,
+                 "Forward/backward passes per optimizer step, each on its own batch of "
+                 "--batch-size, gradients summed locally and averaged once after the last "
+                 "(DDP's no_sync); --steps, schedules and checkpoints count optimizer steps")
+      ->check(whole_number<int64_t>(1, kMaxRanks));
   app.add_flag("--reproducible", o.reproducible,
                "The same bits for any rank count: the global batch in micro-shards of "
                "--micro-batch rows, their gradients summed exactly (needs --global-batch-size)");
@@ -454,20 +459,25 @@ void check_derived_ranges(const Options& o, int data_ranks, int64_t train_images
   RINGTRAIN_CHECK(data_ranks >= 1 && train_images >= 0,
                   "check_derived_ranges: {} data ranks, {} training images", data_ranks,
                   train_images);
-  // batch x ranks <= images, compared as a division: the product may not fit.
-  const int64_t largest_batch = train_images / data_ranks;
+  // An optimizer step takes a batch per rank and pass: batch x ranks x passes <= images,
+  // compared as a division: the product may not fit.
+  const int64_t shares = int64_t{data_ranks} * o.accumulate_steps;  // both <= 1e6
+  const std::string passes =
+      o.accumulate_steps > 1 ? fmt::format(" x --accumulate-steps {}", o.accumulate_steps) : "";
+  const int64_t largest_batch = train_images / shares;
   if (largest_batch < 1)
-    refuse_usage(
-        fmt::format("the {} training images cannot give each of the {} rank(s) a sample: use "
-                    "at most {} rank(s)",
-                    train_images, data_ranks, train_images));
+    refuse_usage(fmt::format(
+        "the {} training images cannot give each of the {} rank(s){} a sample: use at most {} "
+        "rank(s){}",
+        train_images, data_ranks, o.accumulate_steps > 1 ? " and passes" : "",
+        train_images / o.accumulate_steps, o.accumulate_steps > 1 ? " or fewer passes" : ""));
   if (o.batch_size > largest_batch)
     refuse_usage(
-        fmt::format("the global batch ({} rank(s) x --batch-size {}) is larger than the {} "
+        fmt::format("the global batch ({} rank(s){} x --batch-size {}) is larger than the {} "
                     "training images: on {} rank(s) --batch-size must be in [1, {}] (or use "
                     "fewer ranks)",
-                    data_ranks, o.batch_size, train_images, data_ranks, largest_batch));
-  const int64_t global_batch = o.batch_size * data_ranks;       // <= train_images
+                    data_ranks, passes, o.batch_size, train_images, data_ranks, largest_batch));
+  const int64_t global_batch = o.batch_size * shares;           // <= train_images
   const int64_t steps_per_epoch = train_images / global_batch;  // >= 1
   const int64_t largest_epochs = kMaxSteps / steps_per_epoch;
   if (o.steps == 0 && o.epochs > largest_epochs)

@@ -40,6 +40,7 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       {"--batch-size", fmt::format("{}{}", o.batch_size, o.batch_size_given ? "" : " (default)")},
       {"--global-batch-size/--reproducible/--micro-batch",
        fmt::format("{} / {} / {}", o.global_batch_size, o.reproducible, o.micro_batch)},
+      {"--accumulate-steps", std::to_string(o.accumulate_steps)},
       {"--steps/--epochs", fmt::format("{} / {}", o.steps, o.epochs)},
       {"--seed", std::to_string(o.seed)},
       {"optimizer", describe_optimizer(o.optimizer)},

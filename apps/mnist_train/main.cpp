@@ -76,10 +76,13 @@ struct RingTotals {
 void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics) {
   const Options& o = job.o;
   const int ranks = job.comm.size();
-  log_summary(t.eval, t.ema ? " (EMA weights)" : "", t.last_loss, t.run,
-              t.skipped_steps > 0
-                  ? fmt::format(", {} update(s) skipped (--check-finite)", t.skipped_steps)
-                  : std::string());
+  std::string extra;
+  if (job.plan.accumulate_steps > 1)
+    extra += fmt::format(", optimizer steps of {} passes each (--accumulate-steps)",
+                         job.plan.accumulate_steps);
+  if (t.skipped_steps > 0)
+    extra += fmt::format(", {} update(s) skipped (--check-finite)", t.skipped_steps);
+  log_summary(t.eval, t.ema ? " (EMA weights)" : "", t.last_loss, t.run, extra);
   if (o.cuda_graphs)
     spdlog::info("summary: CUDA graphs: {} of {} steps replayed a graph, {} capture(s)",
                  t.graph_steps, t.run.trained_steps, t.graph_captures);
@@ -102,6 +105,7 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
                             {"last_loss", t.last_loss},
                             {"model", o.model},
                             {"batch_size", job.plan.batch_size},
+                            {"accumulate_steps", job.plan.accumulate_steps},
                             {"global_batch", job.plan.global_batch},
                             {"reproducible", o.reproducible},
                             {"micro_batch", o.reproducible ? o.micro_batch : int64_t{0}},
@@ -172,12 +176,18 @@ int train(const Job& job) {
                               ? MetricsWriter()
                               : MetricsWriter(o.metrics_out, /*append=*/plan.start_step > 0);
   spdlog::info(
-      "training: {} steps ({} per epoch){}, {} rank(s) x batch {} = global batch {}, {} "
+      "training: {} steps ({} per epoch){}, {} rank(s) x batch {}{} = global batch {}, {} "
       "lr {} ({}), {} thread(s) per rank, seed {}",
       plan.total_steps, plan.steps_per_epoch,
       plan.start_step > 0 ? fmt::format(" from step {}", plan.start_step) : std::string(), ranks,
-      plan.batch_size, plan.global_batch, optimizer.name(), plan.schedule.base_lr,
-      plan.schedule.kind, o.threads, o.seed);
+      plan.batch_size,
+      plan.accumulate_steps > 1
+          ? fmt::format(" x {} passes (--accumulate-steps: a step, and every count of steps, "
+                        "is an optimizer step)",
+                        plan.accumulate_steps)
+          : std::string(),
+      plan.global_batch, optimizer.name(), plan.schedule.base_lr, plan.schedule.kind, o.threads,
+      o.seed);
   Averaging averaging = make_averaging(o, plan, comm, model, job.ctx);
   GradSync* const grad_sync = averaging.grad_sync.get();
   LocalSgd local_sgd(o.strategy == Strategy::kLocalSgd ? averaging.allreduce.get() : nullptr,
@@ -225,7 +235,7 @@ int train(const Job& job) {
     const auto start = Clock::now();
     const int64_t epoch = step / plan.steps_per_epoch;
     const float lr = learning_rate(plan.schedule, step);
-    StepStats stats = train_step(model, optimizer, feed.input(step), lr, workspace, job.ctx,
+    StepStats stats = train_step(model, optimizer, feed.inputs(step), lr, workspace, job.ctx,
                                  grad_sync, before_update);
     // Every rank learns here whether any rank asked to stop, so all stop after the same step:
     // this one, or under local-sgd the next parameter average (a step where the replicas, and

@@ -35,6 +35,9 @@ struct Options {
   // --global-batch-size: the samples of one step over every data rank (0: --batch-size x
   // ranks). The per-rank batch is this / ranks.
   int64_t global_batch_size = 0;
+  // --accumulate-steps: forward/backward passes per optimizer step, each on a batch of
+  // --batch-size; the global batch (of an optimizer step) is batch x ranks x this.
+  int64_t accumulate_steps = 1;
   // --reproducible: micro-shards of --micro-batch rows, averaged exactly (exact_sum.h), so
   // that the result does not depend on the rank count.
   bool reproducible = false;

@@ -14,39 +14,48 @@ int64_t mb_to_elements(double mb) {
   return static_cast<int64_t>(mb * 1e6 / 4.0);
 }
 
-// The checkpoint's global batch and data order are kept; the per-rank batch follows the ranks.
-int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int data_ranks) {
-  const int64_t global = resumed.global_batch;
-  if (o.batch_size_given && o.batch_size * data_ranks != global)
-    refuse(
-        fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
-                    "rank(s)); {} ranks x --batch-size {} = {} would change the training: "
-                    "pass --batch-size {} or leave it out",
-                    resumed.step, global, resumed.ranks, data_ranks, o.batch_size,
-                    o.batch_size * data_ranks, global % data_ranks == 0 ? global / data_ranks : 0));
-  if (global % data_ranks != 0)
-    refuse(
-        fmt::format("the checkpoint at step {} trained with a global batch of {}, which {} "
-                    "ranks cannot share evenly: resume on a rank count that divides {}",
-                    resumed.step, global, data_ranks, global));
-  return global / data_ranks;
+// " x --accumulate-steps K" when there are several passes, for the messages.
+std::string passes_factor(const Options& o) {
+  return o.accumulate_steps > 1 ? fmt::format(" x --accumulate-steps {}", o.accumulate_steps)
+                                : std::string();
 }
 
-// --global-batch-size: each data rank's share, refused (exit 2) when the ranks cannot share
-// it evenly or --batch-size says otherwise.
+// The checkpoint's global batch and data order are kept; the per-rank batch follows the ranks
+// (and the passes: an optimizer step's samples are the same whatever --accumulate-steps is).
+int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int data_ranks) {
+  const int64_t global = resumed.global_batch;
+  const int64_t shares = data_ranks * o.accumulate_steps;
+  if (o.batch_size_given && o.batch_size * shares != global)
+    refuse(
+        fmt::format("the checkpoint at step {} trained with a global batch of {} ({} "
+                    "rank(s)); {} ranks{} x --batch-size {} = {} would change the training: "
+                    "pass --batch-size {} or leave it out",
+                    resumed.step, global, resumed.ranks, data_ranks, passes_factor(o), o.batch_size,
+                    o.batch_size * shares, global % shares == 0 ? global / shares : 0));
+  if (global % shares != 0)
+    refuse(fmt::format(
+        "the checkpoint at step {} trained with a global batch of {}, which {} "
+        "ranks{} cannot share evenly: resume on a rank count (x passes) that divides {}",
+        resumed.step, global, data_ranks, passes_factor(o), global));
+  return global / shares;
+}
+
+// --global-batch-size: each data rank's share of each pass, refused (exit 2) when the ranks
+// and passes cannot share it evenly or --batch-size says otherwise.
 int64_t shared_batch_size(const Options& o, int data_ranks) {
   const int64_t global = o.global_batch_size;
-  if (o.batch_size_given && o.batch_size * data_ranks != global)
+  const int64_t shares = data_ranks * o.accumulate_steps;
+  if (o.batch_size_given && o.batch_size * shares != global)
     refuse_usage(
-        fmt::format("--batch-size {} x {} rank(s) is not --global-batch-size {}: pass "
+        fmt::format("--batch-size {} x {} rank(s){} is not --global-batch-size {}: pass "
                     "one of the two",
-                    o.batch_size, data_ranks, global));
-  if (global % data_ranks != 0)
-    refuse_usage(
-        fmt::format("--global-batch-size {} cannot be shared evenly by {} rank(s): use "
-                    "a rank count that divides it",
-                    global, data_ranks));
-  return global / data_ranks;
+                    o.batch_size, data_ranks, passes_factor(o), global));
+  if (global % shares != 0)
+    refuse_usage(fmt::format(
+        "--global-batch-size {} cannot be shared evenly by {} rank(s){}: use "
+        "a rank count{} that divides it",
+        global, data_ranks, passes_factor(o), o.accumulate_steps > 1 ? " (x passes)" : ""));
+  return global / shares;
 }
 
 // The rank counts that can share `micro_shards` whole micro-shards, for a refusal.
@@ -70,13 +79,18 @@ RunPlan plan_run(const Options& options, const JobShape& job,
         "check_flag_combinations refuses these",
         o.global_batch_size, o.micro_batch);
     plan.micro_shards = o.global_batch_size / o.micro_batch;
-    if (plan.micro_shards % job.data_ranks != 0)
-      refuse_usage(
-          fmt::format("--reproducible: the global batch of {} is {} micro-shards of "
-                      "--micro-batch {}, which {} rank(s) cannot share; run on {} rank(s) "
-                      "or change --micro-batch",
-                      o.global_batch_size, plan.micro_shards, o.micro_batch, job.data_ranks,
-                      divisors(plan.micro_shards)));
+    // Each pass of each rank computes whole micro-shards.
+    const int64_t shares = job.data_ranks * o.accumulate_steps;
+    if (plan.micro_shards % shares != 0) {
+      const int64_t per_pass = plan.micro_shards / o.accumulate_steps;
+      refuse_usage(fmt::format(
+          "--reproducible: the global batch of {} is {} micro-shards of --micro-batch {}, "
+          "which {} rank(s){} cannot share; {} or change --micro-batch",
+          o.global_batch_size, plan.micro_shards, o.micro_batch, job.data_ranks, passes_factor(o),
+          plan.micro_shards % o.accumulate_steps == 0
+              ? fmt::format("run on {} rank(s)", divisors(per_pass))
+              : fmt::format("use an --accumulate-steps that divides {}", plan.micro_shards)));
+    }
     plan.local_micro_shards = plan.micro_shards / job.data_ranks;
   }
   if (o.global_batch_size > 0) {
@@ -106,7 +120,8 @@ RunPlan plan_run(const Options& options, const JobShape& job,
   // overflows, and an epoch has at least one step.
   check_derived_ranges(o, job.data_ranks, job.train_images);
   plan.batch_size = o.batch_size;
-  plan.global_batch = o.batch_size * job.data_ranks;
+  plan.accumulate_steps = o.accumulate_steps;
+  plan.global_batch = o.batch_size * job.data_ranks * o.accumulate_steps;
   plan.steps_per_epoch = job.train_images / plan.global_batch;
   plan.total_steps = o.steps > 0 ? o.steps : o.epochs * plan.steps_per_epoch;
 
@@ -118,7 +133,7 @@ RunPlan plan_run(const Options& options, const JobShape& job,
                     "--lr-schedule {}",
                     schedule.kind);
     schedule.kind = "linear-warmup";
-    schedule.reference_batch = o.batch_size;  // the target is --lr x ranks
+    schedule.reference_batch = o.batch_size;  // the target is --lr x ranks x passes
   }
   schedule.global_batch = plan.global_batch;
   if (schedule.reference_batch == 0) schedule.reference_batch = plan.global_batch;

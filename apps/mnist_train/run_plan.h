@@ -32,8 +32,10 @@ struct ResumePoint {
 };
 
 struct RunPlan {
-  int64_t batch_size = 0;  // per rank: --batch-size, or the checkpoint's global batch / ranks
-  int64_t global_batch = 0;
+  // Per rank and pass: --batch-size, or the global batch / (ranks x passes).
+  int64_t batch_size = 0;
+  int64_t accumulate_steps = 1;  // passes per optimizer step
+  int64_t global_batch = 0;      // samples per optimizer step, over every rank and pass
   // --reproducible: the global batch's micro-shards, and how many each data rank computes
   // (0 and 0 otherwise).
   int64_t micro_shards = 0;

@@ -71,6 +71,9 @@ struct StepWorkspace {
   // rank runs it, so the same bits), the last one with the GradSync, which must average over
   // make_exact_allreduce(*exact_sum). Null: the batch in one pass.
   ExactGradSum* exact_sum = nullptr;
+  // Gradient accumulation without the exact sum (CPU steps of several passes): the sum of the
+  // passes before the last, kept beside the gradient buffer (made on the first such step).
+  Tensor accumulated;
 };
 
 // A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and
@@ -104,8 +107,24 @@ using BeforeUpdateFn = std::function<bool(const StepStats& stats, std::span<cons
 // Forward, the loss and backward on the CPU, without an update: the gradients are left in
 // model.grads() (averaged, with a GradSync). train_step below is this plus the optimizer; the
 // parameter-server workers push these gradients instead.
-StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
-                            Context& ctx, GradSync* sync = nullptr);
+//
+// Gradient accumulation (mnist_train --accumulate-steps, DDP's no_sync, Horovod's
+// backward_passes_per_step): with several passes, each runs forward and backward on its own
+// batch and the gradient is the mean of the passes' gradients. The passes before the last
+// only add their gradients locally, range by range as backward finishes them (into
+// workspace.accumulated, or the exact sum's kept copies); the last pass folds the sum into
+// each range as backward finishes it and only then hands it to the GradSync, so that the one
+// average of the step overlaps the last backward, as a step without accumulation does. K
+// passes of batch b give one pass of K x b's gradient within float rounding (the sum runs in
+// another order); with workspace.exact_sum, bit for bit, since the exact sum does not depend
+// on the order at all. The loss is the mean of the passes' means.
+StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
+                            StepWorkspace& workspace, Context& ctx, GradSync* sync = nullptr);
+inline StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& workspace,
+                                   Context& ctx, GradSync* sync = nullptr) {
+  const StepInput input(batch);
+  return compute_gradients(model, std::span<const StepInput>(&input, 1), workspace, ctx, sync);
+}
 
 // One training step, on whichever device ctx names (the model, the optimizer and the
 // GradSync must live there too; a mismatch throws).
@@ -132,9 +151,18 @@ StepStats compute_gradients(Model& model, const Batch& batch, StepWorkspace& wor
 // --check-finite count and the read-back stay outside the graph (the learning rate and Adam's
 // step change every step). Replaying runs the same kernels with the same arguments, so the
 // results are the eager step's, bit for bit.
-StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
-                     StepWorkspace& workspace, Context& ctx, GradSync* sync = nullptr,
+//
+// With several passes (gradient accumulation, CPU only): compute_gradients over all of them,
+// then one update.
+StepStats train_step(Model& model, Optimizer& optimizer, std::span<const StepInput> passes,
+                     float lr, StepWorkspace& workspace, Context& ctx, GradSync* sync = nullptr,
                      const BeforeUpdateFn& before_update = {});
+inline StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input, float lr,
+                            StepWorkspace& workspace, Context& ctx, GradSync* sync = nullptr,
+                            const BeforeUpdateFn& before_update = {}) {
+  return train_step(model, optimizer, std::span<const StepInput>(&input, 1), lr, workspace, ctx,
+                    sync, before_update);
+}
 
 // How many step graphs this workspace has captured (0 in the CPU-only build; each recapture
 // counts).
