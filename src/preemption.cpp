@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -45,7 +46,11 @@ void request_preemption(int signal) {
   requested_by.compare_exchange_strong(none, signal, std::memory_order_relaxed);
 }
 
-StopAgreement::StopAgreement(MpiComm& comm) : board_(comm.board()), timeout_s_(comm.timeout()) {
+StopAgreement::StopAgreement(MpiComm& comm)
+    : board_(comm.board()),
+      timeout_s_(comm.timeout()),
+      all_(static_cast<size_t>(comm.size())),
+      figures_(static_cast<size_t>(comm.size())) {
   if (comm.size() > 1) comm_ = comm.duplicate("the stop agreement's communicator");
 }
 
@@ -65,18 +70,32 @@ StopAgreement::~StopAgreement() {
   if (done) MPI_Comm_free(&comm_);
 }
 
-void StopAgreement::start(int signal) {
+void StopAgreement::start(int signal, double figure) {
   RINGTRAIN_CHECK(!started_, "StopAgreement::start twice without finish");
-  mine_ = signal;
+  mine_ = {.signal = signal, .figure = figure};
   started_ = true;
-  if (comm_ == MPI_COMM_NULL) return;
-  RINGTRAIN_CHECK_MPI(MPI_Iallreduce(&mine_, &any_, 1, MPI_INT32_T, MPI_MAX, comm_, &request_));
+  if (comm_ == MPI_COMM_NULL) {
+    all_.front() = mine_;
+    return;
+  }
+  // Bytes: the contribution is a plain struct, the same layout on every rank of one build.
+  RINGTRAIN_CHECK_MPI(MPI_Iallgather(&mine_, sizeof(Contribution), MPI_BYTE, all_.data(),
+                                     sizeof(Contribution), MPI_BYTE, comm_, &request_));
 }
 
 int StopAgreement::finish() {
   RINGTRAIN_CHECK(started_, "StopAgreement::finish without start");
   started_ = false;
-  if (comm_ == MPI_COMM_NULL) return mine_;
+  if (comm_ != MPI_COMM_NULL) wait();
+  int any = 0;
+  for (size_t r = 0; r < all_.size(); ++r) {
+    any = std::max(any, static_cast<int>(all_[r].signal));
+    figures_[r] = all_[r].figure;
+  }
+  return any;
+}
+
+void StopAgreement::wait() {
   int done = 0;
   RINGTRAIN_CHECK_MPI(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
   if (!done) {
@@ -92,7 +111,6 @@ int StopAgreement::finish() {
                       timeout_s_);
     }
   }
-  return any_;
 }
 
 }  // namespace ringtrain

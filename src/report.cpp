@@ -110,7 +110,7 @@ MetricsWriter::~MetricsWriter() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-void MetricsWriter::write(std::string_view event, std::initializer_list<JsonField> fields) {
+void MetricsWriter::write(std::string_view event, std::span<const JsonField> fields) {
   if (file_ == nullptr) return;
   std::string line = "{\"event\":";
   append_json_string(line, event);

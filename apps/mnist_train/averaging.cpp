@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "lost_scaling.h"
 #include "ringtrain/log.h"
 
 namespace ringtrain::app {
@@ -57,6 +58,16 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
                sync.buckets().size(), to_string(allreduce.kind()), why,
                sync.overlap() ? "while backward runs" : "after backward", plan.overlap_reason,
                o.collective_timeout);
+  if (comm.size() > 1) {
+    averaging.reference_ms = time_buckets_alone(comm, allreduce, sync.buckets());
+    if (averaging.reference_ms > 0)
+      spdlog::info(
+          "communication reference: the {} alone averages one step's buckets in {:.3f} ms "
+          "({:.2f} GB/s bus bandwidth), timed as allreduce_bench times",
+          to_string(allreduce.kind()), averaging.reference_ms,
+          bus_bandwidth_gbps(model.grads().numel() * static_cast<int64_t>(sizeof(float)),
+                             comm.size(), averaging.reference_ms));
+  }
   return averaging;
 }
 

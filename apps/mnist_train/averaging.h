@@ -21,6 +21,9 @@ struct Averaging {
   std::unique_ptr<ExactGradSum> exact_sum;
   std::unique_ptr<Allreduce> allreduce;  // null when nothing is averaged (one rank)
   std::unique_ptr<GradSync> grad_sync;   // null unless plan.average_gradients
+  // With a GradSync over several ranks: the milliseconds the Allreduce takes for one step's
+  // buckets alone, timed before training (lost_scaling.h; 0 where it cannot be timed alone).
+  double reference_ms = 0.0;
 };
 
 // Collective (a device Allreduce decides with the other ranks whether they share a GPU, and

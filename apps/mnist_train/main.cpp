@@ -28,6 +28,7 @@
 #include "finite_guard.h"
 #include "job_config.h"
 #include "local_sgd.h"
+#include "lost_scaling.h"
 #include "options.h"
 #include "ps_strategy.h"
 #include "replica.h"
@@ -71,9 +72,41 @@ struct RingTotals {
   double last_loss = 0.0;
   int64_t skipped_steps = 0, graph_steps = 0, graph_captures = 0, averages = 0, buckets = 0;
   bool ema = false, overlap = false;
+  double reference_ms = 0.0;  // Averaging::reference_ms
 };
 
-void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics) {
+// The lost-scaling lines of the summary, and their metrics fields (lost_scaling.h).
+void report_lost_scaling(const Job& job, const LostScaling& lost, const RingTotals& t,
+                         std::vector<JsonField>& record) {
+  const int ranks = job.comm.size();
+  const double busbw = lost.achieved_busbw_gbps();
+  const double reference_busbw = bus_bandwidth_gbps(
+      job.model.grads().numel() * static_cast<int64_t>(sizeof(float)), ranks, t.reference_ms);
+  spdlog::info(
+      "summary: lost scaling per step (rank 0): {:.3f} ms waiting for the slowest rank (rank {} "
+      "finished backward last in {:.0f}% of {} steps), {:.3f} ms exposed communication",
+      lost.mean_wait_ms(), lost.slowest_rank(), lost.slowest_share() * 100.0, lost.steps(),
+      lost.mean_exposed_ms());
+  if (ranks > 1 && busbw > 0)
+    spdlog::info(
+        "summary: communication {:.3f} ms per step less the wait: {:.2f} GB/s bus bandwidth{}",
+        lost.mean_comm_ms(), busbw,
+        reference_busbw > 0
+            ? fmt::format(", {:.0f}% of the {:.2f} GB/s the same allreduce reaches alone on "
+                          "these bucket sizes",
+                          busbw / reference_busbw * 100.0, reference_busbw)
+            : std::string());
+  record.insert(record.end(), {{"slowest_wait_ms", lost.mean_wait_ms()},
+                               {"exposed_wire_ms", lost.mean_exposed_ms()},
+                               {"slowest_rank", int64_t{lost.slowest_rank()}},
+                               {"slowest_share", lost.slowest_share()},
+                               {"comm_busbw_gbps", busbw},
+                               {"reference_busbw_gbps", reference_busbw},
+                               {"reference_comm_ms", t.reference_ms}});
+}
+
+void report_ring_run(const Job& job, const RingTotals& t, const LostScaling& lost,
+                     MetricsWriter& metrics) {
   const Options& o = job.o;
   const int ranks = job.comm.size();
   std::string extra;
@@ -93,45 +126,47 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
       t.times.mean(t.times.exposed_ms), std::max(0.0, t.times.overlap_efficiency()) * 100.0, ranks,
       t.overlap ? "overlapped" : "not overlapped");
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
-  metrics.write("summary", {{"test_accuracy", t.eval.accuracy()},
-                            {"images_per_sec", t.run.images_per_sec()},
-                            {"step_ms", t.run.step_ms()},
-                            {"steps", job.plan.total_steps},
-                            {"start_step", job.plan.start_step},
-                            {"skipped_steps", t.skipped_steps},
-                            {"epochs", static_cast<double>(job.plan.total_steps) /
-                                           static_cast<double>(job.plan.steps_per_epoch)},
-                            {"test_loss", t.eval.mean_loss()},
-                            {"last_loss", t.last_loss},
-                            {"model", o.model},
-                            {"batch_size", job.plan.batch_size},
-                            {"accumulate_steps", job.plan.accumulate_steps},
-                            {"global_batch", job.plan.global_batch},
-                            {"reproducible", o.reproducible},
-                            {"micro_batch", o.reproducible ? o.micro_batch : int64_t{0}},
-                            {"world_size", int64_t{ranks}},
-                            {"ranks", int64_t{ranks}},
-                            {"compute_ms", t.times.mean(t.times.compute_ms)},
-                            {"comm_ms", t.times.mean(t.times.comm_ms)},
-                            {"exposed_comm_ms", t.times.mean(t.times.exposed_ms)},
-                            {"overlap_efficiency", t.times.overlap_efficiency()},
-                            {"overlap", t.overlap},
-                            {"allreduce", std::string(to_string(o.allreduce))},
-                            {"strategy", std::string(to_string(o.strategy))},
-                            {"average_every", local_sgd ? o.average_every : int64_t{0}},
-                            {"parameter_averages", t.averages},
-                            {"buckets", t.buckets},
-                            {"threads", int64_t{o.threads}},
-                            {"device", std::string(to_string(job.ctx.device))},
-                            {"cuda_graphs", o.cuda_graphs},
-                            {"graph_steps", t.graph_steps},
-                            {"graph_captures", t.graph_captures},
-                            {"data_on_gpu", o.data_on_gpu},
-                            {"conv_impl", std::string(to_string(o.conv_impl))},
-                            {"ema", t.ema},
-                            {"params", job.model.num_params()},
-                            {"peak_rss_mb", peak_rss_mb()},
-                            {"data_dir", job.data_dir}});
+  std::vector<JsonField> record = {{"test_accuracy", t.eval.accuracy()},
+                                   {"images_per_sec", t.run.images_per_sec()},
+                                   {"step_ms", t.run.step_ms()},
+                                   {"steps", job.plan.total_steps},
+                                   {"start_step", job.plan.start_step},
+                                   {"skipped_steps", t.skipped_steps},
+                                   {"epochs", static_cast<double>(job.plan.total_steps) /
+                                                  static_cast<double>(job.plan.steps_per_epoch)},
+                                   {"test_loss", t.eval.mean_loss()},
+                                   {"last_loss", t.last_loss},
+                                   {"model", o.model},
+                                   {"batch_size", job.plan.batch_size},
+                                   {"accumulate_steps", job.plan.accumulate_steps},
+                                   {"global_batch", job.plan.global_batch},
+                                   {"reproducible", o.reproducible},
+                                   {"micro_batch", o.reproducible ? o.micro_batch : int64_t{0}},
+                                   {"world_size", int64_t{ranks}},
+                                   {"ranks", int64_t{ranks}},
+                                   {"compute_ms", t.times.mean(t.times.compute_ms)},
+                                   {"comm_ms", t.times.mean(t.times.comm_ms)},
+                                   {"exposed_comm_ms", t.times.mean(t.times.exposed_ms)},
+                                   {"overlap_efficiency", t.times.overlap_efficiency()},
+                                   {"overlap", t.overlap},
+                                   {"allreduce", std::string(to_string(o.allreduce))},
+                                   {"strategy", std::string(to_string(o.strategy))},
+                                   {"average_every", local_sgd ? o.average_every : int64_t{0}},
+                                   {"parameter_averages", t.averages},
+                                   {"buckets", t.buckets},
+                                   {"threads", int64_t{o.threads}},
+                                   {"device", std::string(to_string(job.ctx.device))},
+                                   {"cuda_graphs", o.cuda_graphs},
+                                   {"graph_steps", t.graph_steps},
+                                   {"graph_captures", t.graph_captures},
+                                   {"data_on_gpu", o.data_on_gpu},
+                                   {"conv_impl", std::string(to_string(o.conv_impl))},
+                                   {"ema", t.ema},
+                                   {"params", job.model.num_params()},
+                                   {"peak_rss_mb", peak_rss_mb()},
+                                   {"data_dir", job.data_dir}};
+  report_lost_scaling(job, lost, t, record);
+  metrics.write("summary", record);
 }
 
 // The chief's word on a preempted run; returns the "preempted" exit code.
@@ -211,7 +246,22 @@ int train(const Job& job) {
   RingTotals totals{.run = {.start_step = plan.start_step, .global_batch = plan.global_batch},
                     .buckets = grad_sync ? static_cast<int64_t>(grad_sync->buckets().size()) : 0,
                     .ema = ema != nullptr,
-                    .overlap = plan.grad_sync.overlap};
+                    .overlap = plan.grad_sync.overlap,
+                    .reference_ms = averaging.reference_ms};
+  // Each step's figures reach the other ranks with the next step's stop agreement.
+  LostScaling lost(rank, ranks, model.grads().numel() * static_cast<int64_t>(sizeof(float)));
+  struct StepFigures {
+    double compute_ms = 0, exposed_ms = 0, comm_ms = 0;
+  };
+  std::optional<StepFigures> previous;
+  // When the last step's train_step returned: the ranks' clocks pass that moment together
+  // (its last allreduce ends everywhere at once), so the time from there to the end of the
+  // next backward is what each rank took, whatever it did (data, a checkpoint, a stall).
+  std::optional<Clock::time_point> last_step_end;
+  // After the exchange that carried `sent`'s compute time: the account of that step.
+  const auto account = [&](const std::optional<StepFigures>& sent) {
+    if (sent) lost.add(stop_agreement.figures(), sent->exposed_ms, sent->comm_ms);
+  };
   ProgressBar progress(rank == 0 ? plan.total_steps - std::min(plan.start_step, plan.total_steps)
                                  : 0);
   const bool show_progress = rank == 0 && progress.enabled();
@@ -231,17 +281,28 @@ int train(const Job& job) {
     guard.set_step(step);
     inject_test_failures(o, rank, step);
     if (rank == o.test_preempt_rank && step == o.test_preempt_at_step) request_preemption(SIGTERM);
-    stop_agreement.start(preemption_signal());
+    const std::optional<StepFigures> sent = previous;
+    stop_agreement.start(preemption_signal(), sent ? sent->compute_ms : 0.0);
     const auto start = Clock::now();
     const int64_t epoch = step / plan.steps_per_epoch;
     const float lr = learning_rate(plan.schedule, step);
     StepStats stats = train_step(model, optimizer, feed.inputs(step), lr, workspace, job.ctx,
                                  grad_sync, before_update);
+    const auto step_end = Clock::now();
+    if (last_step_end)
+      previous = StepFigures{
+          .compute_ms =
+              std::chrono::duration<double, std::milli>(step_end - *last_step_end).count() -
+              stats.comm.exposed_ms,
+          .exposed_ms = stats.comm.exposed_ms,
+          .comm_ms = stats.comm.comm_ms};
+    last_step_end = step_end;
     // Every rank learns here whether any rank asked to stop, so all stop after the same step:
     // this one, or under local-sgd the next parameter average (a step where the replicas, and
     // so the checkpoint, are the job's whole state: an extra average would change the result).
     if (const int agreed = stop_agreement.finish(); agreed != 0 && stop_signal == 0)
       stop_signal = agreed;
+    account(sent);
     const bool averaged = local_sgd.due(step);
     if (averaged) {
       const PhaseScope phase(comm.board(), "parameter average");
@@ -254,7 +315,8 @@ int train(const Job& job) {
     const double step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += step_seconds;
     // A device step's time comes from CUDA events on the compute stream.
-    totals.times.add(stats.device_ms.value_or(step_seconds * 1000.0), stats.comm);
+    const double step_ms = stats.device_ms.value_or(step_seconds * 1000.0);
+    totals.times.add(step_ms, stats.comm);
     if (stats.graph_replayed.value_or(false)) ++totals.graph_steps;
     if (!o.check_finite && !std::isfinite(stats.loss))
       throw Error(fmt::format("rank {}: the loss became {} at step {}: lower --lr (now {}), check "
@@ -277,8 +339,18 @@ int train(const Job& job) {
     if (show_progress)
       progress.update(done - plan.start_step, fmt::format("epoch {} loss {:.4f} {:.0f} img/s",
                                                           epoch + 1, stats.loss, images_per_sec));
-    if (o.log_every > 0 && (done % o.log_every == 0 || done == plan.total_steps) && !window.empty())
+    if (o.log_every > 0 && (done % o.log_every == 0 || done == plan.total_steps) &&
+        !window.empty()) {
       window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, !show_progress, metrics);
+      // The steps accounted so far (the last one's figures come with the next exchange).
+      const LostScaling::Window scaling = lost.take_window();
+      if (scaling.steps > 0)
+        metrics.write("scaling", {{"step", done},
+                                  {"steps", scaling.steps},
+                                  {"slowest_wait_ms", scaling.wait_ms},
+                                  {"exposed_wire_ms", scaling.exposed_ms},
+                                  {"slowest_rank", int64_t{scaling.slowest_rank}}});
+    }
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != plan.total_steps &&
         replicas_equal) {
       const EvalResult eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema,
@@ -300,6 +372,11 @@ int train(const Job& job) {
   }
   if (show_progress) progress.finish();
   comm.board().set_step(plan.total_steps);
+  if (previous) {  // the last step's figures: one more exchange, on every rank alike
+    stop_agreement.start(0, previous->compute_ms);
+    stop_agreement.finish();
+    account(previous);
+  }
   check_replicas(comm, model, plan.total_steps);  // always once: replicas must end identical
   if (checkpoints.enabled() && schedule.last_written() != plan.total_steps && rank == 0)
     checkpoints.save(replica_checkpoint(header, plan.total_steps, model, replica));
@@ -310,7 +387,7 @@ int train(const Job& job) {
   totals.skipped_steps = guard.skipped_steps();
   totals.graph_captures = step_graph_captures(workspace);
   totals.averages = local_sgd.averages();
-  report_ring_run(job, totals, metrics);
+  report_ring_run(job, totals, lost, metrics);
   if (rank == 0) save_final_params(o, model, comm.board());
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,7 +28,11 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   ~MetricsWriter();
-  void write(std::string_view event, std::initializer_list<JsonField> fields);
+  void write(std::string_view event, std::initializer_list<JsonField> fields) {
+    write(event, std::span<const JsonField>(fields.begin(), fields.size()));
+  }
+  // A record assembled by parts.
+  void write(std::string_view event, std::span<const JsonField> fields);
 
  private:
   std::FILE* file_ = nullptr;
