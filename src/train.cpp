@@ -14,6 +14,7 @@
 #include "ringtrain/exact_sum.h"
 #include "ringtrain/ops.h"
 #include "ringtrain/progress_board.h"
+#include "ringtrain/timeline.h"
 
 namespace ringtrain {
 
@@ -32,6 +33,7 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   // A view: forward only reads its input.
   const Tensor images = Tensor::view(
       const_cast<float*>(batch.images.data()) + first * sample.numel(), sample.with_leading(rows));
+  TraceScope forward_span(workspace.timeline, TraceKind::kForward);
   const Tensor& logits = model.forward(images, ctx);
   if (board != nullptr) board->progress();  // for the watchdog: computing is moving
   workspace.dlogits.resize(logits.shape());
@@ -39,12 +41,15 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   const double loss = softmax_xent(logits.data(), batch.labels.data() + first,
                                    workspace.dlogits.data(), rows, logits.dim(1), &piece_correct);
   *correct += piece_correct;
+  forward_span.close();
+  TraceScope backward_span(workspace.timeline, TraceKind::kBackward);
   if (sync != nullptr) {
     sync->begin_backward();
     model.backward(workspace.dlogits, ctx, [sync, board](const GradRange& range) {
       if (board != nullptr) board->progress();
       sync->mark_ready(range);
     });
+    backward_span.close();
     sync->finish();
   } else {
     model.backward(workspace.dlogits, ctx);
@@ -107,6 +112,7 @@ StepStats train_step(Model& model, Optimizer& optimizer, const StepInput& input,
     stats.updated = false;
     return stats;
   }
+  const TraceScope optimizer_span(workspace.timeline, TraceKind::kOptimizer);
   optimizer.step({params.data(), static_cast<size_t>(params.numel())},
                  {grads.data(), static_cast<size_t>(grads.numel())}, lr);
   return stats;

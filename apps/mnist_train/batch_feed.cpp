@@ -36,6 +36,7 @@ void BatchFeed::attach(StepWorkspace& workspace) {
   workspace.while_device_runs = [this] {
     const int64_t next = current_step_ + 1;
     if (next >= plan_.total_steps) return;
+    const TraceScope data_span(timeline_, TraceKind::kData);
     make_batch(train_, indices_of(next), next_batch_.images, next_batch_.labels);
     next_batch_step_ = next;
   };
@@ -43,6 +44,7 @@ void BatchFeed::attach(StepWorkspace& workspace) {
 
 StepInput BatchFeed::input(int64_t step) {
   current_step_ = step;
+  const TraceScope data_span(timeline_, TraceKind::kData);
   const std::span<const int64_t> indices = indices_of(step);
   if (device_train_) return StepInput(*device_train_, indices);  // gathered on the GPU
   if (next_batch_step_ == step) {  // made while the GPU ran the previous step

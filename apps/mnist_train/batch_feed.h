@@ -11,6 +11,7 @@
 #include "options.h"
 #include "ringtrain/data.h"
 #include "ringtrain/model.h"
+#include "ringtrain/timeline.h"
 #include "ringtrain/train.h"
 #include "run_plan.h"
 
@@ -27,6 +28,8 @@ class BatchFeed {
   void attach(StepWorkspace& workspace);
   // The input of `step` (valid until the next call). --test-nan-rank's NaN goes in here.
   StepInput input(int64_t step);
+  // --timeline: making each batch is recorded there as "data" (null: nowhere).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   std::span<const int64_t> indices_of(int64_t step);
@@ -42,6 +45,7 @@ class BatchFeed {
   int64_t next_batch_step_ = -1;  // the step whose batch next_batch_ holds (-1: none)
   int64_t current_step_ = -1;
   std::shared_ptr<const DeviceDataset> device_train_;  // --data-on-gpu
+  Timeline* timeline_ = nullptr;
 };
 
 }  // namespace ringtrain::app

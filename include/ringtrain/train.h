@@ -23,6 +23,7 @@ namespace ringtrain {
 struct DeviceStepState;  // the device step's buffers (src/cuda/device_step.h)
 class ExactGradSum;      // exact_sum.h
 class ProgressBoard;     // progress_board.h
+class Timeline;          // timeline.h
 
 struct Batch {
   Tensor images;                // [B, rows, cols, 1], scaled to [0, 1]
@@ -71,6 +72,9 @@ struct StepWorkspace {
   // rank runs it, so the same bits), the last one with the GradSync, which must average over
   // make_exact_allreduce(*exact_sum). Null: the batch in one pass.
   ExactGradSum* exact_sum = nullptr;
+  // --timeline: where the step records its phases (forward, backward, optimizer; on the GPU
+  // from CUDA events, resolved after the step's synchronisation). Null: nowhere.
+  Timeline* timeline = nullptr;
 };
 
 // A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and
