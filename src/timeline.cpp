@@ -89,20 +89,25 @@ std::string event_name(const TraceEvent& event, const std::vector<std::string>& 
   }
 }
 
-// Local time t on rank 0's clock, in whole nanoseconds: t minus this rank's offset, measured
-// before and after training and interpolated between them (a linear drift), held outside. A
-// monotone map applied to both ends of every span, so spans that nest on a thread still nest.
+// Local time t on rank 0's clock, in whole nanoseconds: t minus this rank's offset. Of the two
+// measurements (before and after training) the one with the shorter round trip is used, unless
+// they differ by more than both error bounds together: then the clock has measurably drifted,
+// and the offset is interpolated between them (held outside). Either way one monotone map is
+// applied to both ends of every span, so spans that nest on a thread still nest.
 int64_t on_rank0_clock(const RankTrace& rank, int64_t local_ns) {
   const ClockOffset& a = rank.offset_at_start;
   const ClockOffset& b = rank.offset_at_end;
-  double offset = static_cast<double>(a.offset_ns);
-  if (b.at_ns > a.at_ns) {
-    const double t = static_cast<double>(local_ns - a.offset_ns);  // near enough to place it
-    const double f = std::clamp(
-        (t - static_cast<double>(a.at_ns)) / static_cast<double>(b.at_ns - a.at_ns), 0.0, 1.0);
-    offset += f * static_cast<double>(b.offset_ns - a.offset_ns);
+  const int64_t bounds = (a.round_trip_ns + b.round_trip_ns) / 2;
+  const bool drifted = b.at_ns > a.at_ns && std::abs(b.offset_ns - a.offset_ns) > bounds;
+  if (!drifted) {
+    const bool end_is_better = b.at_ns > a.at_ns && b.round_trip_ns < a.round_trip_ns;
+    return local_ns - (end_is_better ? b.offset_ns : a.offset_ns);
   }
-  return local_ns - std::llround(offset);
+  const double t = static_cast<double>(local_ns - a.offset_ns);  // near enough to place it
+  const double f = std::clamp(
+      (t - static_cast<double>(a.at_ns)) / static_cast<double>(b.at_ns - a.at_ns), 0.0, 1.0);
+  return local_ns - std::llround(static_cast<double>(a.offset_ns) +
+                                 f * static_cast<double>(b.offset_ns - a.offset_ns));
 }
 
 // Nanoseconds as the trace's microseconds with three decimals, exactly.

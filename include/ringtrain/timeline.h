@@ -172,13 +172,15 @@ struct RankTrace {
   int rank = 0;
   std::vector<TraceEvent> events;
   ClockOffset offset_at_start;  // this rank's clock minus rank 0's, measured before training
-  ClockOffset offset_at_end;    // and after; an event's offset is interpolated between them
+  ClockOffset offset_at_end;    // and after (see trace_json for which one is used)
   int64_t dropped = 0;
 };
 
 // The Chrome trace JSON of the ranks' records, on rank 0's clock, in microseconds from the
-// earliest event: {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}} with
-// the clock offsets and round trips in otherData and in each process's labels.
+// earliest event. A rank's offset is the measurement with the shorter round trip, or, when the
+// two differ by more than both error bounds, interpolated between them (a drifting clock):
+// {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}} with the clock offsets and
+// round trips in otherData and in each process's labels.
 std::string trace_json(std::span<const RankTrace> ranks,
                        const std::vector<std::string>& layer_names,
                        const std::vector<int64_t>& bucket_elements);
