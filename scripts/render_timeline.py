@@ -7,8 +7,9 @@ communication row, so that a reader sees the bucket allreduces overlapping backw
 Usage: scripts/render_timeline.py TRACE.json OUT.png [--first-step S] [--steps N] [--title T]
   --first-step  the first step drawn (default: the middle of the run, past the warm-up)
   --steps       how many steps (default 3)
-matplotlib is a documentation-only dependency: when it is missing, the script installs Debian's
-python3-matplotlib with apt-get (apt-get update first) and runs itself again.
+matplotlib is a documentation-only dependency: when this python3 cannot import it, the script
+runs itself again with /usr/bin/python3, first installing Debian's python3-matplotlib with
+apt-get (apt-get update first) if that one cannot import it either.
 """
 import argparse
 import collections
@@ -18,18 +19,29 @@ import subprocess
 import sys
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # where Debian's python3-matplotlib is importable
+
+
+def system_python_has_matplotlib():
+    return os.path.exists(SYSTEM_PYTHON) and subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import matplotlib"], capture_output=True).returncode == 0
+
+
 def import_matplotlib():
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        if os.environ.get("RENDER_TIMELINE_INSTALLED"):
-            sys.exit("render_timeline: python3-matplotlib was installed but still cannot be imported")
-        print("render_timeline: installing python3-matplotlib (apt-get)", file=sys.stderr)
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], check=True,
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-        os.execve(sys.executable, [sys.executable] + sys.argv,
-                  dict(os.environ, RENDER_TIMELINE_INSTALLED="1"))
+        # Another python3 first on PATH (pyenv, a venv) does not see Debian's packages: run this
+        # script again with the system's, installing python3-matplotlib there when needed.
+        if os.environ.get("RENDER_TIMELINE_REEXEC"):
+            sys.exit("render_timeline: matplotlib cannot be imported even by " + sys.executable)
+        if not system_python_has_matplotlib():
+            print("render_timeline: installing python3-matplotlib (apt-get)", file=sys.stderr)
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], check=True,
+                           env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        os.execve(SYSTEM_PYTHON, [SYSTEM_PYTHON] + sys.argv,
+                  dict(os.environ, RENDER_TIMELINE_REEXEC="1"))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
