@@ -322,3 +322,32 @@ TEST_CASE("check_timeline_path refuses a missing folder and a folder, naming --t
                     Catch::Contains("--timeline") && Catch::Contains("is a folder"));
   CHECK_THROWS_AS(check_timeline_path(""), Error);
 }
+
+TEST_CASE(
+    "a clock that measurably drifted is corrected by interpolation; one within the error "
+    "bounds by the better measurement",
+    "[timeline]") {
+  // Rank 1's clock gains 1 ms over rank 0's in 1 s: offsets of 0 and 1 ms, each within 50 ns.
+  RankTrace drifting{.rank = 1};
+  drifting.offset_at_start = {0, 100, 1'000'000};
+  drifting.offset_at_end = {1'000'000, 100, 1'001'000'000};
+  drifting.events = {
+      {1'000'000, 1'000'000, 0, -1, TraceKind::kForward, TraceLane::kCompute, false},
+      {1'002'000'000, 1'002'000'000, 1, -1, TraceKind::kForward, TraceLane::kCompute, false}};
+  const auto gap_us = [](const RankTrace& rank) {
+    const Json trace = JsonReader::parse(trace_json(std::vector<RankTrace>{rank}, {}, {}));
+    std::vector<double> ts;
+    for (const Json& e : trace["traceEvents"].array())
+      if (e["ph"].string() == "X") ts.push_back(e["ts"].number());
+    REQUIRE(ts.size() == 2);
+    return ts[1] - ts[0];
+  };
+  // 1.001 s of rank 1's clock after the first, less the 1 ms it gained: 1 s of rank 0's.
+  CHECK(gap_us(drifting) == Approx(1e6).margin(1e-3));
+  // The same offsets measured with 10 ms round trips cannot tell a drift from the error: the
+  // better measurement (the end's, 4 ms) is used throughout, and the gap is the local one.
+  RankTrace noisy = drifting;
+  noisy.offset_at_start.round_trip_ns = 10'000'000;
+  noisy.offset_at_end.round_trip_ns = 4'000'000;
+  CHECK(gap_us(noisy) == Approx(1.001e6).margin(1e-3));
+}

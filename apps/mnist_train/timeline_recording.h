@@ -33,7 +33,9 @@ class TimelineRecording {
   Timeline* get() { return timeline_ ? &*timeline_ : nullptr; }
   void attach(Model& model, GradSync* sync, StepWorkspace& workspace, BatchFeed& feed);
   void set_step(int64_t step) {
-    if (timeline_) timeline_->set_step(step);
+    if (!timeline_) return;
+    if (timeline_->step() < 0) first_step_ = step;  // a resumed run starts past 0
+    timeline_->set_step(step);
   }
   // The step as mnist_train times it: from its own start to now.
   void record_step(std::chrono::steady_clock::time_point start) {
@@ -51,6 +53,8 @@ class TimelineRecording {
   Model* observed_ = nullptr;  // the model whose backward layer_timer_ observes
   std::vector<ClockOffset> start_offsets_;
   bool written_ = false;
+  int64_t first_step_ = 0;
+  double record_ns_ = 0.0;  // one span's recording, measured at start-up
 };
 
 }  // namespace ringtrain::app
