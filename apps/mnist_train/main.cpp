@@ -179,6 +179,8 @@ int train(const Job& job) {
       plan.start_step > 0 ? fmt::format(" from step {}", plan.start_step) : std::string(), ranks,
       plan.batch_size, plan.global_batch, optimizer.name(), plan.schedule.base_lr,
       plan.schedule.kind, o.threads, o.seed);
+  // --timeline; declared before the GradSync that records into it, so that it outlives it.
+  TimelineRecording timeline(o, comm);
   Averaging averaging = make_averaging(o, plan, comm, model, job.ctx);
   GradSync* const grad_sync = averaging.grad_sync.get();
   LocalSgd local_sgd(o.strategy == Strategy::kLocalSgd ? averaging.allreduce.get() : nullptr,
@@ -197,7 +199,6 @@ int train(const Job& job) {
   workspace.board = &comm.board();  // computing and device waits are progress for the watchdog
   workspace.exact_sum = averaging.exact_sum.get();
   feed.attach(workspace);
-  TimelineRecording timeline(o, comm);  // --timeline
   timeline.attach(model, grad_sync, workspace, feed);
   Batch eval_scratch;
   Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
