@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ringtrain/check.h"
+#include "ringtrain/timeline.h"
 
 namespace ringtrain {
 
@@ -90,10 +91,19 @@ class HostGradSync final : public GradSync {
   }
 
   void mark_ready(const GradRange& range) override {
-    size_t newly_ready = 0;
+    size_t newly_ready = 0, ready = 0;
+    int64_t ready_at = 0;
     {
       std::lock_guard lock(mutex_);
       newly_ready = cursor_.advance(range);
+      ready = cursor_.ready();
+      // Read under the lock, so that it precedes the communication thread's start of the bucket.
+      if (timeline_ != nullptr && newly_ready > 0) ready_at = Timeline::now_ns();
+    }
+    if (timeline_ != nullptr && newly_ready > 0) {
+      for (size_t k = ready - newly_ready; k < ready; ++k)
+        timeline_->instant(TraceKind::kBucketReady, TraceLane::kCompute, ready_at,
+                           static_cast<int32_t>(k));
     }
     if (overlap_ && newly_ready > 0) ready_cv_.notify_one();
   }
@@ -114,14 +124,19 @@ class HostGradSync final : public GradSync {
         std::rethrow_exception(failure);
       }
     }
-    stats_.exposed_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const auto end = Clock::now();
+    stats_.exposed_ms = std::chrono::duration<double, std::milli>(end - start).count();
     stats_.comm_ms = comm_ms_;
+    if (timeline_ != nullptr)
+      timeline_->span(TraceKind::kGradWait, TraceLane::kCompute, Timeline::to_ns(start),
+                      Timeline::to_ns(end));
   }
 
   CommStats stats() override { return stats_; }
   const std::vector<Bucket>& buckets() const override { return cursor_.buckets(); }
   bool overlap() const override { return overlap_; }
   Device device() const override { return Device::kCpu; }
+  void set_timeline(Timeline* timeline) override { timeline_ = timeline; }
 
  private:
   // Times one bucket's average into comm_ms_ (only one thread averages at a time).
@@ -129,7 +144,12 @@ class HostGradSync final : public GradSync {
     const Bucket& bucket = cursor_.buckets()[index];
     const auto start = Clock::now();
     allreduce_.run(grads_ + bucket.begin, static_cast<size_t>(bucket.size()), ReduceOp::kAvg);
-    comm_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const auto end = Clock::now();
+    comm_ms_ += std::chrono::duration<double, std::milli>(end - start).count();
+    // Without overlap the main thread averages, after backward: it is the compute row's.
+    if (timeline_ != nullptr)
+      timeline_->span(TraceKind::kAllreduce, overlap_ ? TraceLane::kComm : TraceLane::kCompute,
+                      Timeline::to_ns(start), Timeline::to_ns(end), static_cast<int32_t>(index));
   }
 
   void comm_loop() {
@@ -168,6 +188,7 @@ class HostGradSync final : public GradSync {
   double comm_ms_ = 0.0;
   CommStats stats_;
   std::exception_ptr error_;
+  Timeline* timeline_ = nullptr;  // set before the first step
   std::thread thread_;
 };
 

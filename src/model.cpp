@@ -143,6 +143,7 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
     const auto index = static_cast<size_t>(i);
     Layer& layer = *layers_[index];
     const auto [begin, end] = layer_ranges_[index];
+    if (observer_ != nullptr) observer_->layer_begin(i);
     // Parameter gradients first, reported as they are finished (in pieces for a large layer),
     // so their averaging overlaps the rest of backward, starting with this layer's dx.
     if (end > begin) {
@@ -163,7 +164,12 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
     if (i > first_with_params_) {
       layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
     }
+    if (observer_ != nullptr) observer_->layer_end(i);
   }
+}
+
+std::string Model::layer_name(int layer) const {
+  return fmt::format("{}.{}", layer, layers_.at(static_cast<size_t>(layer))->name());
 }
 
 std::vector<GradRange> Model::grad_ranges() const {

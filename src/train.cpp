@@ -15,6 +15,7 @@
 #include "ringtrain/exact_sum.h"
 #include "ringtrain/ops.h"
 #include "ringtrain/progress_board.h"
+#include "ringtrain/timeline.h"
 
 namespace ringtrain {
 
@@ -63,6 +64,7 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   // A view: forward only reads its input.
   const Tensor images = Tensor::view(
       const_cast<float*>(batch.images.data()) + first * sample.numel(), sample.with_leading(rows));
+  TraceScope forward_span(workspace.timeline, TraceKind::kForward);
   const Tensor& logits = model.forward(images, ctx);
   if (board != nullptr) board->progress();  // for the watchdog: computing is moving
   workspace.dlogits.resize(logits.shape());
@@ -70,6 +72,8 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   const double loss = softmax_xent(logits.data(), batch.labels.data() + first,
                                    workspace.dlogits.data(), rows, logits.dim(1), &piece_correct);
   *correct += piece_correct;
+  forward_span.close();
+  TraceScope backward_span(workspace.timeline, TraceKind::kBackward);
   if (sink.sync != nullptr) sink.sync->begin_backward();
   if (sink.wants_ranges()) {
     model.backward(workspace.dlogits, ctx, [&sink, board](const GradRange& range) {
@@ -79,6 +83,7 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   } else {
     model.backward(workspace.dlogits, ctx);
   }
+  backward_span.close();
   if (sink.sync != nullptr) sink.sync->finish();
   if (board != nullptr) board->progress();
   return loss;
@@ -163,6 +168,7 @@ StepStats train_step(Model& model, Optimizer& optimizer, std::span<const StepInp
     stats.updated = false;
     return stats;
   }
+  const TraceScope optimizer_span(workspace.timeline, TraceKind::kOptimizer);
   optimizer.step({params.data(), static_cast<size_t>(params.numel())},
                  {grads.data(), static_cast<size_t>(grads.numel())}, lr);
   return stats;

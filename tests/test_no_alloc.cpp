@@ -10,6 +10,7 @@
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
+#include "ringtrain/timeline.h"
 #include "ringtrain/train.h"
 #include "support/fn_allreduce.h"
 
@@ -58,46 +59,60 @@ void* memalign(size_t alignment, size_t size) {
 
 using namespace ringtrain;
 
-TEST_CASE("a steady-state training step allocates nothing", "[train]") {
+TEST_CASE("a steady-state training step allocates nothing", "[train][timeline]") {
   set_cpu_threads(1);  // the default; Eigen's multi-threaded GEMM allocates its task list
   for (const char* name : {"mlp", "cnn"}) {
     for (const char* optimizer : {"sgd", "adam"}) {
-      INFO(name << " with " << optimizer);
-      auto model = make_model({.name = name});
-      model->init_params(1);
-      auto opt = make_optimizer({.kind = optimizer, .momentum = 0.5f}, model->num_params());
-      Dataset data;
-      data.count = 256;
-      data.rows = data.cols = 28;
-      data.images.assign(static_cast<size_t>(data.count * 28 * 28), 0);
-      data.labels.assign(static_cast<size_t>(data.count), 0);
-      for (size_t i = 0; i < data.images.size(); ++i) data.images[i] = static_cast<uint8_t>(i * 7);
-      for (size_t i = 0; i < data.labels.size(); ++i) data.labels[i] = static_cast<uint8_t>(i % 10);
-      std::vector<int64_t> indices(64);
-      Batch batch;
-      StepWorkspace workspace;
-      Context ctx;
-      // Through the overlap engine too: handing buckets to the communication thread must not
-      // allocate either (the reduction here only counts).
-      int64_t reductions = 0;
-      testing::FnAllreduce counting([&reductions](float*, int64_t) { ++reductions; });
-      const std::unique_ptr<GradSync> sync =
-          make_grad_sync(model->grads().data(), model->grad_ranges(), counting,
-                         {.first_bucket_elements = 1, .bucket_elements = 1, .overlap = true}, ctx);
-      const auto step = [&](int64_t s) {
-        for (size_t i = 0; i < indices.size(); ++i) {
-          indices[i] = (s * 64 + static_cast<int64_t>(i)) % data.count;
+      for (const bool with_timeline : {false, true}) {
+        INFO(name << " with " << optimizer << (with_timeline ? ", recording a timeline" : ""));
+        auto model = make_model({.name = name});
+        model->init_params(1);
+        auto opt = make_optimizer({.kind = optimizer, .momentum = 0.5f}, model->num_params());
+        Dataset data;
+        data.count = 256;
+        data.rows = data.cols = 28;
+        data.images.assign(static_cast<size_t>(data.count * 28 * 28), 0);
+        data.labels.assign(static_cast<size_t>(data.count), 0);
+        for (size_t i = 0; i < data.images.size(); ++i)
+          data.images[i] = static_cast<uint8_t>(i * 7);
+        for (size_t i = 0; i < data.labels.size(); ++i)
+          data.labels[i] = static_cast<uint8_t>(i % 10);
+        std::vector<int64_t> indices(64);
+        Batch batch;
+        StepWorkspace workspace;
+        Context ctx;
+        // Through the overlap engine too: handing buckets to the communication thread must not
+        // allocate either (the reduction here only counts).
+        int64_t reductions = 0;
+        testing::FnAllreduce counting([&reductions](float*, int64_t) { ++reductions; });
+        const std::unique_ptr<GradSync> sync = make_grad_sync(
+            model->grads().data(), model->grad_ranges(), counting,
+            {.first_bucket_elements = 1, .bucket_elements = 1, .overlap = true}, ctx);
+        // --timeline: its store is allocated here, once; recording into it must not allocate.
+        Timeline timeline;
+        LayerTimer layer_timer(timeline);
+        if (with_timeline) {
+          workspace.timeline = &timeline;
+          sync->set_timeline(&timeline);
+          model->set_backward_observer(&layer_timer);
         }
-        make_batch(data, indices, batch.images, batch.labels);
-        train_step(*model, *opt, batch, 0.01f, workspace, ctx, sync.get());
-      };
-      for (int64_t s = 0; s < 2; ++s) step(s);  // sizes every buffer
-      g_allocations = 0;
-      g_counting = true;
-      for (int64_t s = 2; s < 6; ++s) step(s);
-      g_counting = false;
-      CHECK(g_allocations == 0);
-      CHECK(reductions > 0);
+        const auto step = [&](int64_t s) {
+          for (size_t i = 0; i < indices.size(); ++i) {
+            indices[i] = (s * 64 + static_cast<int64_t>(i)) % data.count;
+          }
+          make_batch(data, indices, batch.images, batch.labels);
+          train_step(*model, *opt, batch, 0.01f, workspace, ctx, sync.get());
+        };
+        for (int64_t s = 0; s < 2; ++s) step(s);  // sizes every buffer
+        g_allocations = 0;
+        g_counting = true;
+        for (int64_t s = 2; s < 6; ++s) step(s);
+        g_counting = false;
+        CHECK(g_allocations == 0);
+        CHECK(reductions > 0);
+        if (with_timeline) CHECK(timeline.events().size() > 0);
+        model->set_backward_observer(nullptr);
+      }
     }
   }
 }

@@ -41,6 +41,7 @@ void BatchFeed::attach(StepWorkspace& workspace) {
   workspace.while_device_runs = [this] {
     const int64_t next = current_step_ + 1;
     if (next >= plan_.total_steps) return;
+    const TraceScope data_span(timeline_, TraceKind::kData);
     make_batch(train_, indices_of(next), next_batch_.images, next_batch_.labels);
     next_batch_step_ = next;
   };
@@ -48,6 +49,7 @@ void BatchFeed::attach(StepWorkspace& workspace) {
 
 std::span<const StepInput> BatchFeed::inputs(int64_t step) {
   current_step_ = step;
+  const TraceScope data_span(timeline_, TraceKind::kData);
   if (device_train_) {  // gathered on the GPU (one pass: flag_rules.cpp)
     inputs_.front() = StepInput(*device_train_, indices_of(step));
     return inputs_;

@@ -15,6 +15,7 @@
 #include "options.h"
 #include "ringtrain/data.h"
 #include "ringtrain/model.h"
+#include "ringtrain/timeline.h"
 #include "ringtrain/train.h"
 #include "run_plan.h"
 
@@ -32,6 +33,8 @@ class BatchFeed {
   // The inputs of `step`, one per pass (valid until the next call). --test-nan-rank's NaN
   // goes in the first pass's batch.
   std::span<const StepInput> inputs(int64_t step);
+  // --timeline: making each step's batches is recorded there as "data" (null: nowhere).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   std::span<const int64_t> indices_of(int64_t step, int64_t pass = 0);
@@ -48,6 +51,7 @@ class BatchFeed {
   int64_t next_batch_step_ = -1;  // the step whose batch next_batch_ holds (-1: none)
   int64_t current_step_ = -1;
   std::shared_ptr<const DeviceDataset> device_train_;  // --data-on-gpu
+  Timeline* timeline_ = nullptr;
 };
 
 }  // namespace ringtrain::app

@@ -115,6 +115,10 @@ void check_flag_combinations(Options& o, int ranks) {
                       "--num-ps {})",
                       o.replicas_to_aggregate, workers, ranks, o.num_ps));
     if (o.check_finite) refuse_usage("--check-finite is not supported with --strategy ps yet");
+    if (!o.timeline.empty())
+      refuse_usage(
+          "--timeline records the ring's and local SGD's steps; --strategy ps does not record "
+          "one yet: run without --timeline, or with --strategy ring");
     if (o.checkpoint_secs > 0)
       refuse_usage("--checkpoint-secs is not supported with --strategy ps: use --checkpoint-every");
   }

@@ -293,6 +293,9 @@ void add_output_flags(CLI::App& app, Options& o) {
   app.add_option("--metrics-out", o.metrics_out, "Write JSON lines (train, eval, summary) here");
   app.add_option("--save-params", o.save_params,
                  "Write the final flat parameter buffer here (RTPARAMS format)");
+  app.add_option("--timeline", o.timeline,
+                 "Write a Chrome trace of every rank's steps, layers and bucket allreduces "
+                 "here (rank 0 writes one file; open it in ui.perfetto.dev)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.add_option("--check-replicas", o.check_replicas,

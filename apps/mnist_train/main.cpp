@@ -45,6 +45,7 @@
 #include "ringtrain/watchdog.h"
 #include "run_plan.h"
 #include "test_faults.h"
+#include "timeline_recording.h"
 
 namespace {
 
@@ -223,6 +224,8 @@ int train(const Job& job) {
           : std::string(),
       plan.global_batch, optimizer.name(), plan.schedule.base_lr, plan.schedule.kind, o.threads,
       o.seed);
+  // --timeline; declared before the GradSync that records into it, so that it outlives it.
+  TimelineRecording timeline(o, comm);
   Averaging averaging = make_averaging(o, plan, comm, model, job.ctx);
   GradSync* const grad_sync = averaging.grad_sync.get();
   LocalSgd local_sgd(o.strategy == Strategy::kLocalSgd ? averaging.allreduce.get() : nullptr,
@@ -241,6 +244,7 @@ int train(const Job& job) {
   workspace.board = &comm.board();  // computing and device waits are progress for the watchdog
   workspace.exact_sum = averaging.exact_sum.get();
   feed.attach(workspace);
+  timeline.attach(model, grad_sync, workspace, feed);
   Batch eval_scratch;
   Tensor ema_swap;  // --ema-decay on a GPU: the trained weights while the EMA ones are evaluated
   RingTotals totals{.run = {.start_step = plan.start_step, .global_batch = plan.global_batch},
@@ -279,6 +283,7 @@ int train(const Job& job) {
   for (int64_t step = plan.start_step; step < plan.total_steps; ++step) {
     comm.board().set_step(step);
     guard.set_step(step);
+    timeline.set_step(step);
     inject_test_failures(o, rank, step);
     if (rank == o.test_preempt_rank && step == o.test_preempt_at_step) request_preemption(SIGTERM);
     const std::optional<StepFigures> sent = previous;
@@ -306,6 +311,7 @@ int train(const Job& job) {
     const bool averaged = local_sgd.due(step);
     if (averaged) {
       const PhaseScope phase(comm.board(), "parameter average");
+      const TraceScope span(timeline.get(), TraceKind::kParamAverage);
       stats.comm.comm_ms = stats.comm.exposed_ms = local_sgd.average(model, optimizer);
     }
     if (ema && stats.updated) {
@@ -314,6 +320,7 @@ int train(const Job& job) {
     }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += step_seconds;
+    timeline.record_step(start);
     // A device step's time comes from CUDA events on the compute stream.
     const double step_ms = stats.device_ms.value_or(step_seconds * 1000.0);
     totals.times.add(step_ms, stats.comm);
@@ -353,6 +360,7 @@ int train(const Job& job) {
     }
     if (o.eval_every > 0 && done % o.eval_every == 0 && done != plan.total_steps &&
         replicas_equal) {
+      const TraceScope span(timeline.get(), TraceKind::kEvaluation);
       const EvalResult eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema,
                                             eval_scratch, job.ctx, ema_swap);
       report_eval(done, eval, train_seconds, !show_progress, metrics);
@@ -362,11 +370,13 @@ int train(const Job& job) {
     if (stopping) check_replicas(comm, model, done);
     if (checkpoints.enabled() && write && done != plan.total_steps) {
       // The chief writes its replica: every replica holds the same bits.
+      const TraceScope span(timeline.get(), TraceKind::kCheckpoint);
       if (rank == 0) checkpoints.save(replica_checkpoint(header, done, model, replica));
       schedule.written(done);
     }
     if (stopping) {
       if (show_progress) progress.finish();
+      timeline.write(comm);
       return report_preemption(job, stop_signal, done, checkpoints.enabled(), metrics);
     }
   }
@@ -378,11 +388,16 @@ int train(const Job& job) {
     account(previous);
   }
   check_replicas(comm, model, plan.total_steps);  // always once: replicas must end identical
-  if (checkpoints.enabled() && schedule.last_written() != plan.total_steps && rank == 0)
+  if (checkpoints.enabled() && schedule.last_written() != plan.total_steps && rank == 0) {
+    const TraceScope span(timeline.get(), TraceKind::kCheckpoint);
     checkpoints.save(replica_checkpoint(header, plan.total_steps, model, replica));
-
-  totals.eval =
-      evaluate_test(comm, model, job.data.test, o.eval_batch, ema, eval_scratch, job.ctx, ema_swap);
+  }
+  {
+    const TraceScope span(timeline.get(), TraceKind::kEvaluation);
+    totals.eval = evaluate_test(comm, model, job.data.test, o.eval_batch, ema, eval_scratch,
+                                job.ctx, ema_swap);
+  }
+  timeline.write(comm);
   totals.run.trained_steps = std::max<int64_t>(0, plan.total_steps - plan.start_step);
   totals.skipped_steps = guard.skipped_steps();
   totals.graph_captures = step_graph_captures(workspace);

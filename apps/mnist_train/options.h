@@ -57,6 +57,7 @@ struct Options {
   int64_t eval_batch = 1000;
   std::string metrics_out;
   std::string save_params;
+  std::string timeline;  // --timeline: the Chrome trace file rank 0 writes (timeline.h)
   std::string log_level = "info";
   AllreduceAlgorithm allreduce = AllreduceAlgorithm::kRing;
   OverlapChoice overlap = OverlapChoice::kAuto;

@@ -30,6 +30,8 @@
 
 namespace ringtrain {
 
+class Timeline;  // timeline.h
+
 struct Bucket {
   int64_t begin = 0;
   int64_t end = 0;
@@ -84,6 +86,10 @@ class GradSync {
   virtual bool overlap() const = 0;
   // Where the gradients live (the Allreduce's memory).
   virtual Device device() const = 0;
+  // --timeline (null: none): each bucket's ready instant, its allreduce from start to done and
+  // finish()'s wait. Host engine: recorded as they happen; stream engine: resolved from its
+  // CUDA events in stats(), once the step has synchronised and set the timeline's anchor.
+  virtual void set_timeline(Timeline* timeline) = 0;
 };
 
 struct GradSyncConfig {

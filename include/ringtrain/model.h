@@ -36,6 +36,15 @@ struct GradRange {
 };
 using GradReadyFn = std::function<void(const GradRange&)>;
 
+// Told as each layer's backward begins and ends (the --timeline's per-layer spans). The model
+// knows nothing of what the observer does with it.
+class BackwardObserver {
+ public:
+  virtual ~BackwardObserver() = default;
+  virtual void layer_begin(int layer) = 0;
+  virtual void layer_end(int layer) = 0;
+};
+
 class Model {
  public:
   // input: the per-sample input shape, e.g. {28, 28, 1}.
@@ -58,6 +67,8 @@ class Model {
   // for each layer that has parameters, in backward order, as soon as that layer's parameter
   // gradients are written and before its input gradient is computed.
   void backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready = {});
+  // Every later backward tells `observer` (null: no one) about each layer it runs.
+  void set_backward_observer(BackwardObserver* observer) { observer_ = observer; }
 
   // The pieces in which backward reports gradients, in backward (= flat buffer) order: one
   // per layer with parameters, or several for a large layer (Layer::grad_pieces).
@@ -76,6 +87,7 @@ class Model {
   const std::vector<ParamView>& param_views() const { return views_; }
   int64_t num_params() const { return params_.numel(); }
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  std::string layer_name(int layer) const;  // "2.dense(500->500)"
   const Shape& input_shape() const { return input_; }
   const Shape& output_shape() const { return output_; }
   // One line per layer with its output shape and parameter count.
@@ -98,6 +110,7 @@ class Model {
   std::vector<Tensor> acts_;   // acts_[i] is layer i's input; acts_[L] the logits
   std::vector<Tensor> dacts_;  // dacts_[i] is d loss / d acts_[i]
   int first_with_params_ = 0;  // backward stops here: no layer before it needs a gradient
+  BackwardObserver* observer_ = nullptr;
   bool finalized_ = false;
   Device device_ = Device::kCpu;
 };

@@ -23,6 +23,7 @@ namespace ringtrain {
 struct DeviceStepState;  // the device step's buffers (src/cuda/device_step.h)
 class ExactGradSum;      // exact_sum.h
 class ProgressBoard;     // progress_board.h
+class Timeline;          // timeline.h
 
 struct Batch {
   Tensor images;                // [B, rows, cols, 1], scaled to [0, 1]
@@ -74,6 +75,9 @@ struct StepWorkspace {
   // Gradient accumulation without the exact sum (CPU steps of several passes): the sum of the
   // passes before the last, kept beside the gradient buffer (made on the first such step).
   Tensor accumulated;
+  // --timeline: where the step records its phases (forward, backward, optimizer; on the GPU
+  // from CUDA events, resolved after the step's synchronisation). Null: nowhere.
+  Timeline* timeline = nullptr;
 };
 
 // A training set copied to the GPU once (mnist_train --data-on-gpu; GPU build): its bytes and

@@ -3,10 +3,12 @@
 // and the loss statistics (read back once per step, into pinned memory).
 #include "device_step.h"
 
+#include "device_timeline.h"
 #include "ringtrain/check.h"
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/gpu_context.h"
 #include "ringtrain/grad_sync.h"
+#include "ringtrain/timeline.h"
 
 namespace ringtrain {
 
@@ -18,6 +20,8 @@ DeviceStepState::DeviceStepState() {
     RINGTRAIN_CHECK_CUDA(cudaMallocHost(&host_nonfinite, sizeof(unsigned long long)));
     RINGTRAIN_CHECK_CUDA(cudaEventCreate(&step_start));
     RINGTRAIN_CHECK_CUDA(cudaEventCreate(&step_end));
+    for (cudaEvent_t& event : phase) RINGTRAIN_CHECK_CUDA(cudaEventCreate(&event));
+    RINGTRAIN_CHECK_CUDA(cudaEventCreate(&anchor));
   } catch (...) {
     release();
     throw;
@@ -35,6 +39,12 @@ void DeviceStepState::release() {
   (void)cudaFreeHost(host_nonfinite);
   if (step_start != nullptr) (void)cudaEventDestroy(step_start);
   if (step_end != nullptr) (void)cudaEventDestroy(step_end);
+  for (cudaEvent_t& event : phase) {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+    event = nullptr;
+  }
+  if (anchor != nullptr) (void)cudaEventDestroy(anchor);
+  anchor = nullptr;
   stats = nullptr;
   nonfinite = nullptr;
   host_stats = nullptr;
@@ -49,7 +59,9 @@ void DeviceStepState::read_back(cudaStream_t stream, bool with_nonfinite, Progre
     RINGTRAIN_CHECK_CUDA(cudaMemcpyAsync(host_nonfinite, nonfinite, sizeof(unsigned long long),
                                          cudaMemcpyDeviceToHost, stream));
   }
+  if (record_anchor) RINGTRAIN_CHECK_CUDA(cudaEventRecord(anchor, stream));
   wait_for_stream(stream, board, "the GPU streams");
+  if (record_anchor) anchor_ns = Timeline::now_ns();
 }
 
 DeviceStepState& state_of(StepWorkspace& workspace) {
@@ -99,21 +111,31 @@ class ForwardBackward final : public CapturableStep {
 
   void enqueue() override {
     const auto stream = static_cast<cudaStream_t>(ctx_.stream);
+    // --timeline marks the phases on the compute stream, in eager steps only (not in a graph).
+    const bool mark = workspace_.timeline != nullptr && !workspace_.cuda_graph;
+    const auto mark_phase = [&](DeviceStepState::Phase phase) {
+      if (mark) RINGTRAIN_CHECK_CUDA(cudaEventRecord(state_.phase[phase], stream));
+    };
     state_.batch.enqueue_upload(stream);
+    mark_phase(DeviceStepState::kUploaded);
     const Tensor& logits = model_.forward(state_.batch.images(), ctx_);
     RINGTRAIN_CHECK(logits.shape() == workspace_.dlogits.shape(), "logits {} but dlogits {}",
                     logits.shape().str(), workspace_.dlogits.shape().str());
     gpu::softmax_xent(logits.data(), state_.batch.labels(), workspace_.dlogits.data(),
                       logits.dim(0), logits.dim(1), state_.stats, stream);
+    mark_phase(DeviceStepState::kForwardDone);
     if (sync_ != nullptr) {
       GradSync* const sync = sync_;
       sync->begin_backward();
       model_.backward(workspace_.dlogits, ctx_,
                       [sync](const GradRange& range) { sync->mark_ready(range); });
+      mark_phase(DeviceStepState::kBackwardDone);
       sync->finish();  // the compute stream now waits for the averaged gradients
     } else {
       model_.backward(workspace_.dlogits, ctx_);
+      mark_phase(DeviceStepState::kBackwardDone);
     }
+    mark_phase(DeviceStepState::kOptimizerBegins);
   }
 
  private:
@@ -137,6 +159,26 @@ void check_device_step(const Model& model, const Optimizer& optimizer, const Con
                   "averaging is not captured): run without --cuda-graphs");
 }
 
+// --timeline: the eager step's phases on the compute stream, from its events, once the host
+// has waited for them (the anchor is the last wait's). Without the update (skipped by the
+// guard) the optimizer span is left out.
+void record_device_phases(Timeline& timeline, const DeviceStepState& state, bool updated) {
+  using P = DeviceStepState;
+  const auto at = [&](cudaEvent_t event) { return host_time_ns(event, timeline); };
+  const int64_t uploaded = at(state.phase[P::kUploaded]);
+  const int64_t forward_done = at(state.phase[P::kForwardDone]);
+  const int64_t backward_done = at(state.phase[P::kBackwardDone]);
+  const int64_t optimizer_begins = at(state.phase[P::kOptimizerBegins]);
+  timeline.span(TraceKind::kData, TraceLane::kComputeStream, at(state.step_start), uploaded);
+  timeline.span(TraceKind::kForward, TraceLane::kComputeStream, uploaded, forward_done);
+  timeline.span(TraceKind::kBackward, TraceLane::kComputeStream, forward_done, backward_done);
+  // The compute stream idles here until the communication stream's last bucket is done.
+  timeline.span(TraceKind::kGradWait, TraceLane::kComputeStream, backward_done, optimizer_begins);
+  if (updated)
+    timeline.span(TraceKind::kOptimizer, TraceLane::kComputeStream, optimizer_begins,
+                  at(state.step_end));
+}
+
 // The step once its batch is staged: upload or gather, forward, loss, backward (eager or from
 // a graph), averaging, the guard, the optimizer, the read-back.
 StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWorkspace& workspace,
@@ -149,6 +191,12 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
   workspace.dlogits.resize(Shape{rows, classes});
   StepStats stats;
   stats.samples = rows;
+  Timeline* const timeline = workspace.timeline;
+  const bool record_phases = timeline != nullptr && !workspace.cuda_graph;
+  state.record_anchor = timeline != nullptr;
+  const auto anchor_timeline = [&] {
+    if (timeline != nullptr) timeline->set_device_anchor(state.anchor, state.anchor_ns);
+  };
   ForwardBackward forward_backward(model, state, workspace, ctx, sync);
   if (workspace.cuda_graph) {
     stats.graph_replayed =
@@ -169,12 +217,14 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
     gpu::count_nonfinite(grads.data(), grads.numel(), state.nonfinite, stream);
     host_work();
     state.read_back(stream, /*with_nonfinite=*/true, workspace.board);
+    anchor_timeline();
     have_loss = true;
     fill_loss(stats, *state.host_stats, rows);
     stats.grads_finite = *state.host_nonfinite == 0;
     if (sync != nullptr) stats.comm = sync->stats();
     if (!before_update(stats, {})) {
       stats.updated = false;
+      if (record_phases) record_device_phases(*timeline, state, /*updated=*/false);
       return stats;
     }
   }
@@ -184,12 +234,16 @@ StepStats run_staged_step(Model& model, Optimizer& optimizer, float lr, StepWork
   if (!have_loss) {
     host_work();
     state.read_back(stream, /*with_nonfinite=*/false, workspace.board);
+    anchor_timeline();
     fill_loss(stats, *state.host_stats, rows);
     if (sync != nullptr) stats.comm = sync->stats();
   } else {
     // The update is queued; wait for it so the step's time covers it, as on the CPU.
     wait_for_stream(stream, workspace.board, "the GPU streams");
+    // The step's last event is the anchor of the update's span.
+    if (timeline != nullptr) timeline->set_device_anchor(state.step_end, Timeline::now_ns());
   }
+  if (record_phases) record_device_phases(*timeline, state, /*updated=*/true);
   float device_ms = 0.0f;
   RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&device_ms, state.step_start, state.step_end));
   stats.device_ms = static_cast<double>(device_ms);

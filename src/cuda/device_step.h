@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "device_batch.h"
@@ -32,7 +33,15 @@ struct DeviceStepState {
   gpu::XentStats* host_stats = nullptr;                  // pinned host
   unsigned long long* host_nonfinite = nullptr;          // pinned host
   cudaEvent_t step_start = nullptr, step_end = nullptr;  // the step on the compute stream
-  StepGraph graph;                                       // StepWorkspace::cuda_graph
+  // --timeline: the compute stream's phase boundaries (kUploaded .. kOptimizerBegins), and the
+  // anchor that read_back records before its wait when record_anchor is set; anchor_ns is the
+  // host clock just after the wait (device_timeline.h).
+  enum Phase { kUploaded, kForwardDone, kBackwardDone, kOptimizerBegins, kPhases };
+  std::array<cudaEvent_t, kPhases> phase{};
+  cudaEvent_t anchor = nullptr;
+  int64_t anchor_ns = 0;
+  bool record_anchor = false;
+  StepGraph graph;  // StepWorkspace::cuda_graph
 
  private:
   void release();  // never throws

@@ -15,13 +15,17 @@
 // is valid only after the host has synchronised with the compute stream (the device step does,
 // when it reads the loss back): comm_ms = sum of end[k] - start[k]; exposed_ms = comm_done -
 // backward_end when positive (the time the compute stream idled, waiting for communication).
+// With a timeline (--timeline), stats() also resolves ready[k], start[k] and end[k] to host
+// time against the step's anchor (device_timeline.h): the ready events then carry timestamps.
 #include <algorithm>
 #include <memory>
 #include <vector>
 
+#include "device_timeline.h"
 #include "ringtrain/check.h"
 #include "ringtrain/cuda_check.h"
 #include "ringtrain/grad_sync.h"
+#include "ringtrain/timeline.h"
 
 namespace ringtrain {
 
@@ -78,6 +82,7 @@ class StreamGradSync final : public GradSync {
     cursor_.reset();
     launched_ = 0;
     finished_ = false;
+    recorded_ = false;
   }
 
   void mark_ready(const GradRange& range) override {
@@ -99,6 +104,17 @@ class StreamGradSync final : public GradSync {
   CommStats stats() override {
     CommStats stats;
     if (!finished_) return stats;
+    if (timeline_ != nullptr && !recorded_) {  // once per step
+      recorded_ = true;
+      for (size_t k = 0; k < end_.size(); ++k) {
+        const auto index = static_cast<int32_t>(k);
+        timeline_->instant(TraceKind::kBucketReady, TraceLane::kComputeStream,
+                           host_time_ns(ready_[k].get(), *timeline_), index);
+        timeline_->span(TraceKind::kAllreduce, TraceLane::kComm,
+                        host_time_ns(start_[k].get(), *timeline_),
+                        host_time_ns(end_[k].get(), *timeline_), index);
+      }
+    }
     for (size_t k = 0; k < end_.size(); ++k) {
       float ms = 0.0f;
       RINGTRAIN_CHECK_CUDA(cudaEventElapsedTime(&ms, start_[k].get(), end_[k].get()));
@@ -113,6 +129,12 @@ class StreamGradSync final : public GradSync {
   const std::vector<Bucket>& buckets() const override { return cursor_.buckets(); }
   bool overlap() const override { return overlap_; }
   Device device() const override { return Device::kCuda; }
+  void set_timeline(Timeline* timeline) override {
+    timeline_ = timeline;
+    // The ready events order the streams only, untimed, unless the timeline needs their times.
+    ready_.clear();
+    for (size_t k = 0; k < cursor_.buckets().size(); ++k) ready_.emplace_back(timeline != nullptr);
+  }
 
  private:
   // Queues bucket `index` on the communication stream, after the compute stream's work so far.
@@ -134,6 +156,8 @@ class StreamGradSync final : public GradSync {
   cudaStream_t comm_;
   size_t launched_ = 0;  // buckets queued on the communication stream this step
   bool finished_ = false;
+  Timeline* timeline_ = nullptr;
+  bool recorded_ = false;                   // this step's bucket events are in the timeline
   std::vector<Event> ready_, start_, end_;  // per bucket
   Event backward_end_, comm_done_;
 };
