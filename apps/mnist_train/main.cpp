@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -71,7 +72,17 @@ struct RingTotals {
   double last_loss = 0.0;
   int64_t skipped_steps = 0, graph_steps = 0, graph_captures = 0, averages = 0, buckets = 0;
   bool ema = false, overlap = false;
+  Allreduce::Tally wire;  // what the averaging sent (bytes_sent -1: not counted)
 };
+
+// The summary's account of the wire: bytes this rank sent per step (the ring's payload and,
+// on fp16, the bound exchange) and what the fp16 scale cost.
+double wire_bytes_per_step(const RingTotals& t) {
+  if (t.wire.bytes_sent < 0) return -1.0;
+  return t.run.trained_steps > 0
+             ? static_cast<double>(t.wire.bytes_sent) / static_cast<double>(t.run.trained_steps)
+             : 0.0;
+}
 
 void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics) {
   const Options& o = job.o;
@@ -89,6 +100,16 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
       t.times.mean(t.times.compute_ms), t.times.mean(t.times.comm_ms),
       t.times.mean(t.times.exposed_ms), std::max(0.0, t.times.overlap_efficiency()) * 100.0, ranks,
       t.overlap ? "overlapped" : "not overlapped");
+  const double steps = static_cast<double>(std::max<int64_t>(1, t.run.trained_steps));
+  if (t.wire.bytes_sent >= 0)
+    spdlog::info(
+        "summary: {} wire: {:.3f} MB sent per step by this rank{}", to_string(o.grad_wire),
+        wire_bytes_per_step(t) / 1e6,
+        o.grad_wire == GradWire::kFp16
+            ? fmt::format(" (the bucket bounds' allgather {:.3f} ms per step; {} bucket(s) "
+                          "sent as fp32 for a NaN or an infinity)",
+                          t.wire.bound_exchange_ms / steps, t.wire.fp32_fallbacks)
+            : std::string());
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
   metrics.write("summary", {{"test_accuracy", t.eval.accuracy()},
                             {"images_per_sec", t.run.images_per_sec()},
@@ -113,6 +134,10 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
                             {"overlap_efficiency", t.times.overlap_efficiency()},
                             {"overlap", t.overlap},
                             {"allreduce", std::string(to_string(o.allreduce))},
+                            {"grad_wire", std::string(to_string(o.grad_wire))},
+                            {"wire_bytes_per_step", wire_bytes_per_step(t)},
+                            {"bound_exchange_ms", t.wire.bound_exchange_ms / steps},
+                            {"fp32_fallbacks", t.wire.fp32_fallbacks},
                             {"strategy", std::string(to_string(o.strategy))},
                             {"average_every", local_sgd ? o.average_every : int64_t{0}},
                             {"parameter_averages", t.averages},
@@ -206,6 +231,7 @@ int train(const Job& job) {
                                  : 0);
   const bool show_progress = rank == 0 && progress.enabled();
   TrainWindow window;
+  int64_t wire_bytes_sent = 0;  // the Allreduce's count at the end of the last step
   double& train_seconds = totals.run.train_seconds;
   CheckpointSchedule schedule(o, plan.start_step);
   // On an error, abort NCCL before anything declared above is destroyed: freeing device
@@ -227,6 +253,10 @@ int train(const Job& job) {
     const float lr = learning_rate(plan.schedule, step);
     StepStats stats = train_step(model, optimizer, feed.input(step), lr, workspace, job.ctx,
                                  grad_sync, before_update);
+    if (grad_sync != nullptr) {
+      const int64_t sent = averaging.allreduce->tally().bytes_sent;
+      if (sent >= 0) window.add_wire_bytes(sent - std::exchange(wire_bytes_sent, sent));
+    }
     // Every rank learns here whether any rank asked to stop, so all stop after the same step:
     // this one, or under local-sgd the next parameter average (a step where the replicas, and
     // so the checkpoint, are the job's whole state: an extra average would change the result).
@@ -300,6 +330,9 @@ int train(const Job& job) {
   totals.skipped_steps = guard.skipped_steps();
   totals.graph_captures = step_graph_captures(workspace);
   totals.averages = local_sgd.averages();
+  // One rank sends nothing.
+  totals.wire =
+      averaging.allreduce ? averaging.allreduce->tally() : Allreduce::Tally{.bytes_sent = 0};
   report_ring_run(job, totals, metrics);
   if (rank == 0) save_final_params(o, model, comm.board());
   return 0;

@@ -13,6 +13,13 @@
 //   exact fixed-point ring host    ExactGradSum (exact_sum.h)                  --reproducible
 // clang-format on
 //
+// The ring over MPI moves float32 by default; with AllreduceConfig::wire (--grad-wire) bf16 or
+// fp16 it moves 16-bit values (ring_allreduce_wire, ring.h; the formats in wire.h) and keeps
+// float32 partial sums. fp16 first allgathers one exponent bound per rank and bucket to choose
+// the bucket's scale; a bucket with a NaN or an infinity on any rank moves as float32 (every
+// rank sees the same bounds, so every rank falls back alike). The other kinds move float32
+// only (make_allreduce refuses a 16-bit wire for them).
+//
 // Host kinds return with the result in place. Device kinds queue the work on the context's
 // communication stream and return without waiting (the caller orders its streams with events).
 #pragma once
@@ -24,6 +31,7 @@
 #include "ringtrain/comm.h"
 #include "ringtrain/context.h"
 #include "ringtrain/ring.h"
+#include "ringtrain/wire.h"
 
 namespace ringtrain {
 
@@ -62,12 +70,26 @@ class Allreduce {
   virtual void abort() noexcept {}
   // Ranks of the collective.
   virtual int size() const = 0;
+  // What the ring puts on the wire (--grad-wire); float32 for every kind but the ring over MPI.
+  virtual GradWire wire() const { return GradWire::kFp32; }
+  // What this rank has sent since it was made, counted by the kinds whose sends are ours (the
+  // ring over MPI); the library collectives' own algorithms are not counted (bytes_sent -1).
+  struct Tally {
+    int64_t bytes_sent = -1;         // ring payload (with the 16-bit wire's pads) and bounds
+    int64_t runs = 0;                // run() calls
+    int64_t fp32_fallbacks = 0;      // fp16 buckets sent as float32 (a NaN or an infinity)
+    double bound_exchange_ms = 0.0;  // fp16: computing and allgathering the bucket bounds
+  };
+  // Safe to call from another thread than run()'s once that run() has returned.
+  virtual Tally tally() const { return {}; }
 };
 
 struct AllreduceConfig {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
   Device device = Device::kCpu;  // where the buffers live (a Context's device)
   RingOptions ring;
+  // The ring over MPI only: what it sends (wire.h). Other kinds take kFp32 only.
+  GradWire wire = GradWire::kFp32;
   // Device kinds: how long a wait for the streams may go without progress (the host
   // transport's deadline is the natural value).
   double timeout_s = 90.0;
