@@ -31,6 +31,10 @@
 // segments land in a small ring of slots (window x segment) that stays in cache for the add,
 // so the reduction reads the incoming data from cache, not memory. The allgather receives
 // straight into place.
+//
+// What travels is a codec's choice (DirectWire, SixteenBitWire below): the buffer's own
+// elements, or, for --grad-wire, each float32 partial sum rounded to 16 bits as it is sent and
+// added back into float32 as it lands (ring_allreduce_wire; docs/ring.md).
 #include "ringtrain/ring.h"
 
 #include <algorithm>

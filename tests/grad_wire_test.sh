@@ -16,12 +16,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/support/trainer_run_lib.sh"
 field() { grep '"event":"summary"' "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
 check() { awk -v a="${1:-}" -v b="${2:-}" "BEGIN { exit !($3) }"; }
 
-short=(--device cpu --model mlp --steps 20 --batch-size 32 --log-every 10 --eval-batch 2000
+short=(--model mlp --steps 20 --batch-size 32 --log-every 10 --eval-batch 2000
        --check-replicas 5 --fusion-threshold-mb 0.5 --first-bucket-mb 0.1)
 
 # ---- (a), (b) ----
 for wire in fp32 bf16 fp16; do
-  run "$wire" 240 2 "${short[@]}" --grad-wire "$wire"
+  run "$wire" 240 2 "${short[@]}" --device cpu --grad-wire "$wire"
   if [ "$status" -ne 0 ]; then
     fail "$wire: exited $status: $(tail -n 15 "$wire.log")"
     continue

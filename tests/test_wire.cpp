@@ -3,8 +3,10 @@
 // the fp16 scale rule, and the ring over thread ranks: identical bits on every rank, within an
 // error bound derived from the roundings it does, no fp16 overflow, non-finite values seen
 // alike everywhere, and the fp32 wire bit for bit the plain ring.
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -502,4 +504,74 @@ TEST_CASE("--grad-wire 16-bit: refused, the same on every rank, where it cannot 
   }
   CHECK(device_refused);
   CHECK_NOTHROW(check_device_flags(wire, 2, cpu));
+}
+
+namespace {
+
+// The rounding of a ring whose wire type is also its accumulator (as rings with a bf16
+// datatype do): every input rounded to bf16, every hop's sum rounded to bf16, the average
+// too. Chunk c's sum starts at rank c and gathers ranks c+1, c+2, ... (the schedule of
+// ring.cpp), so element i of chunk c adds in that order.
+float bf16_accumulating_average(const std::vector<std::vector<float>>& inputs, size_t i, int c) {
+  const auto n = static_cast<int>(inputs.size());
+  const auto bf16 = [](float v) { return bf16_to_float(float_to_bf16(v)); };
+  float sum = bf16(inputs[static_cast<size_t>(c)][i]);
+  for (int k = 1; k < n; ++k) sum = bf16(sum + bf16(inputs[static_cast<size_t>((c + k) % n)][i]));
+  return bf16(sum / static_cast<float>(n));
+}
+
+}  // namespace
+
+// Not a check: the table of docs/benchmarks.md ("The 16-bit wire's error as N grows"), printed
+// by `ringtrain_tests "[.bench]"`.
+TEST_CASE("16-bit wire error against the fp64 average, by rank count", "[.bench]") {
+  const size_t count = 1 << 16;
+  std::printf(
+      "| ranks | fp32 ring | bf16 wire, fp32 sums (ours) | bf16 ring, bf16 sums | fp16 wire, "
+      "fp32 sums (ours) |\n|---|---|---|---|---|\n");
+  for (int ranks = 1; ranks <= 16; ++ranks) {
+    // Gradient-like: a signal shared by the ranks plus per-rank noise twice its size.
+    std::vector<std::vector<float>> inputs(static_cast<size_t>(ranks), std::vector<float>(count));
+    for (int r = 0; r < ranks; ++r)
+      for (size_t i = 0; i < count; ++i)
+        inputs[static_cast<size_t>(r)][i] =
+            varied_input(-1, i, 1e-3f) + 2.0f * varied_input(r, i, 1e-3f);
+    std::vector<double> exact(count, 0.0);
+    for (const auto& in : inputs)
+      for (size_t i = 0; i < count; ++i) exact[i] += static_cast<double>(in[i]) / ranks;
+    // Relative RMS error: sqrt(sum (x - exact)^2 / sum exact^2).
+    const auto rms_error = [&](const std::vector<float>& result) {
+      double err = 0.0, norm = 0.0;
+      for (size_t i = 0; i < count; ++i) {
+        err += std::pow(static_cast<double>(result[i]) - exact[i], 2.0);
+        norm += exact[i] * exact[i];
+      }
+      return std::sqrt(err / norm);
+    };
+    const auto ring = [&](GradWire wire) {
+      std::vector<std::vector<float>> results = inputs;
+      int bound = kAllZeroBound;
+      for (const auto& in : inputs) bound = std::max(bound, exponent_bound(in));
+      run_ranks(ranks, [&](Comm& comm) {
+        RingScratch scratch;
+        float* data = results[static_cast<size_t>(comm.rank())].data();
+        if (wire == GradWire::kFp32) {
+          ring_allreduce(comm, data, count, ReduceOp::kAvg, scratch);
+        } else {
+          const WireExponents exponents =
+              wire == GradWire::kFp16 ? fp16_exponents(bound, ranks, true) : WireExponents{};
+          ring_allreduce_wire(comm, data, count, ReduceOp::kAvg, wire, exponents, scratch);
+        }
+      });
+      return rms_error(results[0]);
+    };
+    std::vector<float> baseline(count);
+    for (int c = 0; c < ranks; ++c) {
+      const ChunkRange chunk = ring_chunk(count, ranks, c);
+      for (size_t i = chunk.begin; i < chunk.begin + chunk.size; ++i)
+        baseline[i] = bf16_accumulating_average(inputs, i, c);
+    }
+    std::printf("| %d | %.2e | %.2e | %.2e | %.2e |\n", ranks, ring(GradWire::kFp32),
+                ring(GradWire::kBf16), rms_error(baseline), ring(GradWire::kFp16));
+  }
 }

@@ -6,6 +6,7 @@
 // clang-format off
 //   kind                   memory  what runs                                   made when
 //   ring over MPI          host    ring_allreduce (ring.h) over the host Comm  cpu, --allreduce ring
+//     ... on a 16-bit wire host    ring_allreduce_wire (ring.h, wire.h)        cpu, ring, --grad-wire
 //   MPI_Allreduce          host    Comm::allreduce_library                     cpu, --allreduce mpi
 //   ring over NCCL         device  ring_allreduce_device over NcclComm         gpu, ring, own GPUs
 //   ncclAllReduce          device  NcclComm::allreduce_library                 gpu, mpi, own GPUs
@@ -14,11 +15,11 @@
 // clang-format on
 //
 // The ring over MPI moves float32 by default; with AllreduceConfig::wire (--grad-wire) bf16 or
-// fp16 it moves 16-bit values (ring_allreduce_wire, ring.h; the formats in wire.h) and keeps
-// float32 partial sums. fp16 first allgathers one exponent bound per rank and bucket to choose
-// the bucket's scale; a bucket with a NaN or an infinity on any rank moves as float32 (every
-// rank sees the same bounds, so every rank falls back alike). The other kinds move float32
-// only (make_allreduce refuses a 16-bit wire for them).
+// fp16 it moves 16-bit values and keeps float32 partial sums (kind() stays kHostRing, wire()
+// says which). fp16 first allgathers one exponent bound per rank and bucket to choose the
+// bucket's scale; a bucket with a NaN or an infinity on any rank moves as float32 (every rank
+// sees the same bounds, so every rank falls back alike). The other kinds move float32 only
+// (make_allreduce refuses a 16-bit wire for them).
 //
 // Host kinds return with the result in place. Device kinds queue the work on the context's
 // communication stream and return without waiting (the caller orders its streams with events).
