@@ -4,19 +4,21 @@
 #            scripts/netns_cluster.sh (one network namespace per rank, Open MPI over TCP, links
 #            of each RATE), NP ranks, STEPS steps per run, --overlap off (so that comm_ms is the
 #            averaging alone, not averaging slowed by backward on shared cores): step time,
-#            communication time and bytes per step for fp32, bf16, fp16, and the ratios to fp32.
+#            communication time and bytes per step for fp32, bf16, fp16, and the ratios to fp32;
+#            REPS runs of each, the wires interleaved, medians (the machine is shared).
 #  accuracy  the test accuracy after EPOCHS epochs of the mlp and the cnn at np=NP_ACC on one
 #            node (shared memory) with each wire, and its difference from fp32 in points.
 # Prints markdown tables (stdout), each row with the exact command; progress on stderr.
 #
 # Usage: scripts/bench_grad_wire.sh BUILD_DIR [speed|accuracy|all]    (speed needs root)
-#   RATES="1gbit 10gbit"  NPS="2 4"  STEPS=30  BATCH=128      (speed)
+#   RATES="1gbit 10gbit"  NPS="2 4"  STEPS=30  BATCH=128  REPS=1  (speed)
 #   EPOCHS=5  NP_ACC=2  SEED=5                               (accuracy)
 #   DATA_DIR  --data-dir for mnist_train (default: its own default)
 set -euo pipefail
 build=$(realpath "$1")
 what=${2:-all}
 RATES=${RATES:-1gbit 10gbit} NPS=${NPS:-2 4} STEPS=${STEPS:-30} BATCH=${BATCH:-128}
+REPS=${REPS:-1}
 EPOCHS=${EPOCHS:-5} NP_ACC=${NP_ACC:-2} SEED=${SEED:-5}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/bench_lib.sh
@@ -24,6 +26,11 @@ source "$repo/scripts/bench_lib.sh"
 wires=(fp32 bf16 fp16)
 # ratio A B: A / B to two decimals.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# stat RATE NP WIRE KEY: the median over the repetitions of KEY in the speed runs' summaries.
+stat() {
+  local rep
+  for ((rep = 1; rep <= REPS; rep++)); do field "$work/speed-$1-$2-$3-$rep.jsonl" "$4"; done | median
+}
 
 speed() {
   local why
@@ -31,35 +38,37 @@ speed() {
     echo "speed: skipped: $why" >&2
     return 0
   fi
-  echo "| link | ranks | wire | step ms | comm ms | comm / fp32 | MB sent per step | bound exchange ms/step | command |"
+  echo "| link | ranks | wire | step ms (median of $REPS) | comm ms (median) | comm / fp32 | MB sent per step | bound scan / allgather ms per step | command |"
   echo "|---|---|---|---|---|---|---|---|---|"
   local rate np
   for rate in $RATES; do
     for np in $NPS; do
       # One cluster per (rate, ranks); the three wires run inside it, one after another.
       RINGTRAIN_BENCH_FLAGS="--model mlp --hidden 4096,4096 --steps $STEPS --batch-size $BATCH --overlap off --device cpu --log-every 0 --eval-batch 10000 ${data[*]}" \
-      build=$build work=$work np=$np rate=$rate wires="${wires[*]}" \
+      build=$build work=$work np=$np rate=$rate wires="${wires[*]}" reps=$REPS \
         bash "$repo/scripts/netns_cluster.sh" run "$np" --rate "$rate" -- bash -c '
           set -euo pipefail
           read -ra net <<<"$RINGTRAIN_NETNS_MPIRUN_ARGS"
           root=(); [[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
-          for wire in $wires; do
-            echo "speed: $rate, $np ranks, --grad-wire $wire" >&2
-            # shellcheck disable=SC2086
-            timeout 1200 mpirun "${root[@]}" --oversubscribe "${net[@]}" -np "$np" \
-              "$build/mnist_train" $RINGTRAIN_BENCH_FLAGS --grad-wire "$wire" \
-              --metrics-out "$work/speed-$rate-$np-$wire.jsonl" >"$work/log" 2>&1 ||
-              { echo "failed: $wire" >&2; tail -5 "$work/log" >&2; exit 1; }
+          for ((rep = 1; rep <= reps; rep++)); do
+            for wire in $wires; do
+              echo "speed: $rate, $np ranks, --grad-wire $wire, run $rep of $reps" >&2
+              # shellcheck disable=SC2086
+              timeout 1200 mpirun "${root[@]}" --oversubscribe "${net[@]}" -np "$np" \
+                "$build/mnist_train" $RINGTRAIN_BENCH_FLAGS --grad-wire "$wire" \
+                --metrics-out "$work/speed-$rate-$np-$wire-$rep.jsonl" >"$work/log" 2>&1 ||
+                { echo "failed: $wire" >&2; tail -5 "$work/log" >&2; exit 1; }
+            done
           done' >&2
-      local base_comm
-      base_comm=$(field "$work/speed-$rate-$np-fp32.jsonl" comm_ms)
+      local base_comm comm
+      base_comm=$(stat "$rate" "$np" fp32 comm_ms)
       for wire in "${wires[@]}"; do
-        local f=$work/speed-$rate-$np-$wire.jsonl
-        printf '| %s | %s | %s | %.1f | %.1f | %s | %.2f | %.3f | `mpirun $(scripts/netns_cluster.sh mpirun-args) -np %s %s/mnist_train --model mlp --hidden 4096,4096 --steps %s --batch-size %s --overlap off --device cpu --grad-wire %s` |\n' \
-          "$rate" "$np" "$wire" "$(field "$f" step_ms)" "$(field "$f" comm_ms)" \
-          "$(ratio "$(field "$f" comm_ms)" "$base_comm")" \
-          "$(awk -v b="$(field "$f" wire_bytes_per_step)" 'BEGIN { print b / 1e6 }')" \
-          "$(field "$f" bound_exchange_ms)" "$np" "$build" "$STEPS" "$BATCH" "$wire"
+        comm=$(stat "$rate" "$np" "$wire" comm_ms)
+        printf '| %s | %s | %s | %.1f | %.1f | %s | %.2f | %.2f / %.2f | `mpirun $(scripts/netns_cluster.sh mpirun-args) -np %s %s/mnist_train --model mlp --hidden 4096,4096 --steps %s --batch-size %s --overlap off --device cpu --grad-wire %s` |\n' \
+          "$rate" "$np" "$wire" "$(stat "$rate" "$np" "$wire" step_ms)" "$comm" \
+          "$(ratio "$comm" "$base_comm")" \
+          "$(awk -v b="$(stat "$rate" "$np" "$wire" wire_bytes_per_step)" 'BEGIN { print b / 1e6 }')" \
+          "$(stat "$rate" "$np" "$wire" bound_scan_ms)" "$(stat "$rate" "$np" "$wire" bound_exchange_ms)" "$np" "$build" "$STEPS" "$BATCH" "$wire"
       done
     done
   done

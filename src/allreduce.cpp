@@ -105,12 +105,14 @@ class HostAllreduce final : public Allreduce {
   int size() const override { return comm_.size(); }
   GradWire wire() const override { return wire_; }
   Tally tally() const override {
-    return {.bytes_sent = kind_ == AllreduceKind::kHostRing ? bytes_.load(std::memory_order_relaxed)
-                                                            : int64_t{-1},
-            .runs = runs_.load(std::memory_order_relaxed),
-            .fp32_fallbacks = fallbacks_.load(std::memory_order_relaxed),
-            .bound_exchange_ms =
-                static_cast<double>(bound_exchange_ns_.load(std::memory_order_relaxed)) / 1e6};
+    return {
+        .bytes_sent = kind_ == AllreduceKind::kHostRing ? bytes_.load(std::memory_order_relaxed)
+                                                        : int64_t{-1},
+        .runs = runs_.load(std::memory_order_relaxed),
+        .fp32_fallbacks = fallbacks_.load(std::memory_order_relaxed),
+        .bound_scan_ms = static_cast<double>(bound_scan_ns_.load(std::memory_order_relaxed)) / 1e6,
+        .bound_exchange_ms =
+            static_cast<double>(bound_exchange_ns_.load(std::memory_order_relaxed)) / 1e6};
   }
 
  private:
@@ -124,17 +126,20 @@ class HostAllreduce final : public Allreduce {
   // fp16: every rank's exponent bound of the bucket, allgathered (one int each), so that all
   // choose the same scale, or all see the NaN or infinity and fall back to float32.
   WireExponents agree_fp16_exponents(const float* data, size_t count, ReduceOp op) {
-    const auto start = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
     const int bound = exponent_bound({data, count});
+    const auto scanned = Clock::now();
     comm_.allgather(&bound, bounds_.data(), sizeof(int));
     // kAllZeroBound is INT_MIN and kNonFiniteBound INT_MAX: the job's bound is the max.
     const int job_bound = *std::max_element(bounds_.begin(), bounds_.end());
     // Counted as a ring allgather would send them: N - 1 ints.
     count_bytes((bounds_.size() - 1) * sizeof(int));
-    bound_exchange_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now() - start)
-                                     .count(),
-                                 std::memory_order_relaxed);
+    const auto nanoseconds = [](Clock::duration d) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+    };
+    bound_scan_ns_.fetch_add(nanoseconds(scanned - start), std::memory_order_relaxed);
+    bound_exchange_ns_.fetch_add(nanoseconds(Clock::now() - scanned), std::memory_order_relaxed);
     return fp16_exponents(job_bound, comm_.size(), op == ReduceOp::kAvg);
   }
 
@@ -146,7 +151,7 @@ class HostAllreduce final : public Allreduce {
   double delay_ms_;
   RingScratch scratch_;
   std::vector<int> bounds_;  // [ranks]: this bucket's exponent bound on each rank
-  std::atomic<int64_t> bytes_{0}, runs_{0}, fallbacks_{0}, bound_exchange_ns_{0};
+  std::atomic<int64_t> bytes_{0}, runs_{0}, fallbacks_{0}, bound_scan_ns_{0}, bound_exchange_ns_{0};
 };
 
 }  // namespace

@@ -106,9 +106,11 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
         "summary: {} wire: {:.3f} MB sent per step by this rank{}", to_string(o.grad_wire),
         wire_bytes_per_step(t) / 1e6,
         o.grad_wire == GradWire::kFp16
-            ? fmt::format(" (the bucket bounds' allgather {:.3f} ms per step; {} bucket(s) "
-                          "sent as fp32 for a NaN or an infinity)",
-                          t.wire.bound_exchange_ms / steps, t.wire.fp32_fallbacks)
+            ? fmt::format(" (bucket bounds: {:.3f} ms per step to scan, {:.3f} ms to allgather, "
+                          "waiting for the slowest rank included; {} bucket(s) sent as fp32 for "
+                          "a NaN or an infinity)",
+                          t.wire.bound_scan_ms / steps, t.wire.bound_exchange_ms / steps,
+                          t.wire.fp32_fallbacks)
             : std::string());
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
   metrics.write("summary", {{"test_accuracy", t.eval.accuracy()},
@@ -136,6 +138,7 @@ void report_ring_run(const Job& job, const RingTotals& t, MetricsWriter& metrics
                             {"allreduce", std::string(to_string(o.allreduce))},
                             {"grad_wire", std::string(to_string(o.grad_wire))},
                             {"wire_bytes_per_step", wire_bytes_per_step(t)},
+                            {"bound_scan_ms", t.wire.bound_scan_ms / steps},
                             {"bound_exchange_ms", t.wire.bound_exchange_ms / steps},
                             {"fp32_fallbacks", t.wire.fp32_fallbacks},
                             {"strategy", std::string(to_string(o.strategy))},

@@ -76,10 +76,13 @@ class Allreduce {
   // What this rank has sent since it was made, counted by the kinds whose sends are ours (the
   // ring over MPI); the library collectives' own algorithms are not counted (bytes_sent -1).
   struct Tally {
-    int64_t bytes_sent = -1;         // ring payload (with the 16-bit wire's pads) and bounds
-    int64_t runs = 0;                // run() calls
-    int64_t fp32_fallbacks = 0;      // fp16 buckets sent as float32 (a NaN or an infinity)
-    double bound_exchange_ms = 0.0;  // fp16: computing and allgathering the bucket bounds
+    int64_t bytes_sent = -1;     // ring payload (with the 16-bit wire's pads) and bounds
+    int64_t runs = 0;            // run() calls
+    int64_t fp32_fallbacks = 0;  // fp16 buckets sent as float32 (a NaN or an infinity)
+    double bound_scan_ms = 0.0;  // fp16: computing this rank's bucket bounds
+    // fp16: allgathering them; it includes waiting for the slowest rank to arrive, which the
+    // ring's first receive would otherwise wait.
+    double bound_exchange_ms = 0.0;
   };
   // Safe to call from another thread than run()'s once that run() has returned.
   virtual Tally tally() const { return {}; }
