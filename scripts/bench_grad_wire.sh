@@ -44,7 +44,8 @@ speed() {
   for rate in $RATES; do
     for np in $NPS; do
       # One cluster per (rate, ranks); the three wires run inside it, one after another.
-      RINGTRAIN_BENCH_FLAGS="--model mlp --hidden 4096,4096 --steps $STEPS --batch-size $BATCH --overlap off --device cpu --log-every 0 --eval-batch 10000 ${data[*]}" \
+      local flags="--model mlp --hidden 4096,4096 --steps $STEPS --batch-size $BATCH --overlap off --device cpu --log-every 0 --eval-batch 10000 ${data[*]}"
+      RINGTRAIN_BENCH_FLAGS=$flags \
       build=$build work=$work np=$np rate=$rate wires="${wires[*]}" reps=$REPS \
         bash "$repo/scripts/netns_cluster.sh" run "$np" --rate "$rate" -- bash -c '
           set -euo pipefail
@@ -64,11 +65,11 @@ speed() {
       base_comm=$(stat "$rate" "$np" fp32 comm_ms)
       for wire in "${wires[@]}"; do
         comm=$(stat "$rate" "$np" "$wire" comm_ms)
-        printf '| %s | %s | %s | %.1f | %.1f | %s | %.2f | %.2f / %.2f | `mpirun $(scripts/netns_cluster.sh mpirun-args) -np %s %s/mnist_train --model mlp --hidden 4096,4096 --steps %s --batch-size %s --overlap off --device cpu --grad-wire %s` |\n' \
+        printf '| %s | %s | %s | %.1f | %.1f | %s | %.2f | %.2f / %.2f | `mpirun --oversubscribe $(scripts/netns_cluster.sh mpirun-args) -np %s %s/mnist_train %s --grad-wire %s` |\n' \
           "$rate" "$np" "$wire" "$(stat "$rate" "$np" "$wire" step_ms)" "$comm" \
           "$(ratio "$comm" "$base_comm")" \
           "$(awk -v b="$(stat "$rate" "$np" "$wire" wire_bytes_per_step)" 'BEGIN { print b / 1e6 }')" \
-          "$(stat "$rate" "$np" "$wire" bound_scan_ms)" "$(stat "$rate" "$np" "$wire" bound_exchange_ms)" "$np" "$build" "$STEPS" "$BATCH" "$wire"
+          "$(stat "$rate" "$np" "$wire" bound_scan_ms)" "$(stat "$rate" "$np" "$wire" bound_exchange_ms)" "$np" "$build" "$flags" "$wire"
       done
     done
   done
@@ -94,9 +95,9 @@ accuracy() {
       acc=$(field "$work/acc.jsonl" test_accuracy)
       rm -f "$work/acc.jsonl"
       [[ $wire == fp32 ]] && base=$acc
-      printf '| %s | %s | %.4f | %+.2f | `mpirun -np %s mnist_train %s %s --epochs %s --seed %s --grad-wire %s` |\n' \
+      printf '| %s | %s | %.4f | %+.2f | `%s -np %s %s/mnist_train %s %s --device cpu --epochs %s --log-every 0 --eval-batch 10000 --seed %s --grad-wire %s` |\n' \
         "$name" "$wire" "$acc" "$(awk -v a="$base" -v b="$acc" 'BEGIN { print 100 * (b - a) }')" \
-        "$NP_ACC" "$flags" "${data[*]}" "$EPOCHS" "$SEED" "$wire"
+        "${mpi[*]}" "$NP_ACC" "$build" "$flags" "${data[*]}" "$EPOCHS" "$SEED" "$wire"
     done
   done
 }
