@@ -31,6 +31,10 @@
 // segments land in a small ring of slots (window x segment) that stays in cache for the add,
 // so the reduction reads the incoming data from cache, not memory. The allgather receives
 // straight into place.
+//
+// What travels is a codec's choice (DirectWire, SixteenBitWire below): the buffer's own
+// elements, or, for --grad-wire, each float32 partial sum rounded to 16 bits as it is sent and
+// added back into float32 as it lands (ring_allreduce_wire; docs/ring.md).
 #include "ringtrain/ring.h"
 
 #include <algorithm>
@@ -50,6 +54,11 @@ ChunkRange ring_chunk(size_t count, int ranks, int chunk) {
 float* RingScratch::slots(size_t elements) {
   if (buffer_.size() < elements) buffer_.resize(elements);
   return buffer_.data();
+}
+
+uint16_t* RingScratch::wire_slots(size_t elements) {
+  if (wire_.size() < elements) wire_.resize(elements);
+  return wire_.data();
 }
 
 int64_t* RingScratch::integer_slots(size_t elements) {
@@ -94,6 +103,18 @@ void reserve_ring_sum(RingScratch& slots, size_t count, int ranks, const RingOpt
   slots.integer_slots(reserve_handles(slots, count, ranks, options));
 }
 
+size_t ring_elements_sent(size_t count, int ranks, int rank) {
+  RINGTRAIN_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of a {}-rank ring", rank,
+                  ranks);
+  // Scatter-reduce step s sends chunk (r - s) mod N, allgather step s chunk (r + 1 - s) mod N.
+  size_t sent = 0;
+  for (int step = 0; step + 1 < ranks; ++step) {
+    sent += ring_chunk(count, ranks, ((rank - step) % ranks + ranks) % ranks).size;
+    sent += ring_chunk(count, ranks, ((rank + 1 - step) % ranks + ranks) % ranks).size;
+  }
+  return sent;
+}
+
 namespace {
 
 int ring_mod(int value, int n) {
@@ -133,41 +154,135 @@ void add_segment(Comm&, int64_t* dst, const int64_t* src, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] += in[i];
 }
 
-// One ring step: send `send_n` elements from `send` to the right neighbour while receiving
-// `recv_n` elements from the left one. With `reduce`, received segments go through the slots
-// and are added into `recv`; without, they are received straight into `recv`. This exact
-// order of calls is what the NCCL transport's grouping relies on (nccl_comm.h).
+// How ring_step moves a buffer's elements as the transport's floats: where the floats of send
+// segment [first, first + n) come from, where a received segment lands, and what is done once
+// it has landed. `slot` is k % window for segment k: a send slot is free again once the send
+// of segment k - window completed, a receive slot once segment k - window was handled.
+//
+// DirectWire: the elements travel as themselves (floats, or int64s as two floats each); sends
+// read the buffer, the scatter-reduce receives into the slots and adds, the allgather receives
+// straight into place.
 template <class T>
-void ring_step(Comm& comm, const T* send, size_t send_n, T* recv, size_t recv_n, bool reduce,
-               RingSlots& scratch, const RingOptions& options) {
+class DirectWire {
+ public:
+  DirectWire(Comm& comm, T* data, RingSlots& scratch, const RingOptions& options)
+      : comm_(comm),
+        data_(data),
+        scratch_(scratch),
+        segment_(options.segment_elements),
+        window_(static_cast<size_t>(options.window)) {}
+  void begin_step(size_t recv_n, bool reduce) {
+    slots_ = reduce ? slots_of(scratch_, std::min(window_ * segment_, recv_n), data_) : nullptr;
+  }
+  const float* send(size_t first, size_t, size_t, bool) {
+    return reinterpret_cast<const float*>(data_ + first);
+  }
+  static size_t floats(size_t n) { return n * kFloatsPer<T>; }
+  float* landing(size_t first, size_t slot, bool reduce) {
+    return reinterpret_cast<float*>(reduce ? slots_ + slot * segment_ : data_ + first);
+  }
+  void landed(size_t first, size_t n, size_t slot, bool reduce) {
+    if (reduce) add_segment(comm_, data_ + first, slots_ + slot * segment_, n);
+  }
+
+ private:
+  Comm& comm_;
+  T* data_;
+  RingSlots& scratch_;
+  size_t segment_, window_;
+  T* slots_ = nullptr;
+};
+
+// SixteenBitWire: float32 buffer, 16-bit wire (wire.h). A send encodes the segment of the
+// buffer (its float32 partial sum, or the finished chunk) into a send slot, at 2^reduce in
+// the scatter-reduce and 2^gather in the allgather; every receive lands in a receive slot and
+// is added into the buffer (scatter-reduce) or decoded over it (allgather). The transport
+// moves floats: a segment of n 16-bit values travels as ceil(n / 2) floats, the odd one's pad
+// a zero. Slots are `stride` (the segment, rounded up to even) 16-bit values apart.
+class SixteenBitWire {
+ public:
+  SixteenBitWire(GradWire wire, const WireExponents& exponents, float* data, uint16_t* slots,
+                 size_t stride, size_t window)
+      : wire_(wire),
+        exponents_(exponents),
+        data_(data),
+        send_slots_(slots),
+        recv_slots_(slots + window * stride),
+        stride_(stride) {}
+  void begin_step(size_t, bool) {}
+  const float* send(size_t first, size_t n, size_t slot, bool reduce) {
+    uint16_t* out = send_slots_ + slot * stride_;
+    encode_wire(wire_, data_ + first, n, reduce ? exponents_.reduce : exponents_.gather, out);
+    if (n % 2 != 0) out[n] = 0;
+    bytes_sent_ += floats(n) * sizeof(float);
+    return reinterpret_cast<const float*>(out);
+  }
+  static size_t floats(size_t n) { return (n + 1) / 2; }
+  float* landing(size_t, size_t slot, bool) {
+    return reinterpret_cast<float*>(recv_slots_ + slot * stride_);
+  }
+  void landed(size_t first, size_t n, size_t slot, bool reduce) {
+    const uint16_t* in = recv_slots_ + slot * stride_;
+    if (reduce) {
+      add_from_wire(wire_, in, n, exponents_.reduce, data_ + first);
+    } else {
+      decode_wire(wire_, in, n, exponents_.gather, data_ + first);
+    }
+  }
+  size_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  GradWire wire_;
+  WireExponents exponents_;
+  float* data_;
+  uint16_t* send_slots_;
+  uint16_t* recv_slots_;
+  size_t stride_;
+  size_t bytes_sent_ = 0;
+};
+
+// The 16-bit slots one ring of `count` elements asks for: window send and window receive
+// slots of one segment (at most the largest chunk), rounded up to an even count.
+size_t wire_slot_stride(size_t count, int ranks, const RingOptions& options) {
+  const size_t segment = std::min(ring_chunk(count, ranks, 0).size, options.segment_elements);
+  return segment + segment % 2;
+}
+
+// One ring step: send `send_n` elements from `send_first` to the right neighbour while
+// receiving `recv_n` elements at `recv_first` from the left one; with `reduce`, received
+// segments are added into the buffer, without, they replace it (through the codec). This
+// exact order of calls is what the NCCL transport's grouping relies on (nccl_comm.h).
+template <class Codec>
+void ring_step(Comm& comm, Codec& codec, size_t send_first, size_t send_n, size_t recv_first,
+               size_t recv_n, bool reduce, RingSlots& scratch, const RingOptions& options) {
   const int right = (comm.rank() + 1) % comm.size();
   const int left = (comm.rank() - 1 + comm.size()) % comm.size();
   const size_t segment = options.segment_elements;
   const auto window = static_cast<size_t>(options.window);
   const size_t send_segments = (send_n + segment - 1) / segment;
   const size_t recv_segments = (recv_n + segment - 1) / segment;
-  T* slots = reduce ? slots_of(scratch, std::min(window * segment, recv_n), recv) : nullptr;
+  codec.begin_step(recv_n, reduce);
   std::vector<CommRequest>& sends = scratch.sends(window);
   std::vector<CommRequest>& recvs = scratch.recvs(window);
   const auto length = [segment](size_t total, size_t k) {
     return std::min(segment, total - k * segment);
   };
   const auto post_recv = [&](size_t k) {
-    T* target = reduce ? slots + (k % window) * segment : recv + k * segment;
-    recvs[k % window] = comm.irecv(reinterpret_cast<float*>(target),
-                                   length(recv_n, k) * kFloatsPer<T>, left, segment_tag(k));
+    const size_t n = length(recv_n, k);
+    recvs[k % window] = comm.irecv(codec.landing(recv_first + k * segment, k % window, reduce),
+                                   codec.floats(n), left, segment_tag(k));
   };
   const auto post_send = [&](size_t k) {
-    sends[k % window] = comm.isend(reinterpret_cast<const float*>(send + k * segment),
-                                   length(send_n, k) * kFloatsPer<T>, right, segment_tag(k));
+    const size_t n = length(send_n, k);
+    sends[k % window] = comm.isend(codec.send(send_first + k * segment, n, k % window, reduce),
+                                   codec.floats(n), right, segment_tag(k));
   };
   for (size_t k = 0; k < std::min(window, recv_segments); ++k) post_recv(k);
   for (size_t k = 0; k < std::min(window, send_segments); ++k) post_send(k);
   for (size_t k = 0; k < std::max(send_segments, recv_segments); ++k) {
     if (k < recv_segments) {
       comm.wait(recvs[k % window]);
-      if (reduce)
-        add_segment(comm, recv + k * segment, slots + (k % window) * segment, length(recv_n, k));
+      codec.landed(recv_first + k * segment, length(recv_n, k), k % window, reduce);
       if (k + window < recv_segments) post_recv(k + window);
     }
     if (k < send_segments) {
@@ -177,29 +292,42 @@ void ring_step(Comm& comm, const T* send, size_t send_n, T* recv, size_t recv_n,
   }
 }
 
-template <class T>
-void reduce_scatter(Comm& comm, T* data, size_t count, RingSlots& slots,
-                    const RingOptions& options) {
+template <class Codec>
+void reduce_scatter_through(Comm& comm, Codec& codec, size_t count, RingSlots& slots,
+                            const RingOptions& options) {
   check_ring_options(options);
   const int n = comm.size(), r = comm.rank();
   for (int step = 0; step + 1 < n; ++step) {
     const ChunkRange out = ring_chunk(count, n, ring_mod(r - step, n));
     const ChunkRange in = ring_chunk(count, n, ring_mod(r - step - 1, n));
-    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/true, slots,
-              options);
+    ring_step(comm, codec, out.begin, out.size, in.begin, in.size, /*reduce=*/true, slots, options);
   }
 }
 
-template <class T>
-void allgather(Comm& comm, T* data, size_t count, RingSlots& slots, const RingOptions& options) {
+template <class Codec>
+void allgather_through(Comm& comm, Codec& codec, size_t count, RingSlots& slots,
+                       const RingOptions& options) {
   check_ring_options(options);
   const int n = comm.size(), r = comm.rank();
   for (int step = 0; step + 1 < n; ++step) {
     const ChunkRange out = ring_chunk(count, n, ring_mod(r + 1 - step, n));
     const ChunkRange in = ring_chunk(count, n, ring_mod(r - step, n));
-    ring_step(comm, data + out.begin, out.size, data + in.begin, in.size, /*reduce=*/false, slots,
+    ring_step(comm, codec, out.begin, out.size, in.begin, in.size, /*reduce=*/false, slots,
               options);
   }
+}
+
+template <class T>
+void reduce_scatter(Comm& comm, T* data, size_t count, RingSlots& slots,
+                    const RingOptions& options) {
+  DirectWire<T> codec(comm, data, slots, options);
+  reduce_scatter_through(comm, codec, count, slots, options);
+}
+
+template <class T>
+void allgather(Comm& comm, T* data, size_t count, RingSlots& slots, const RingOptions& options) {
+  DirectWire<T> codec(comm, data, slots, options);
+  allgather_through(comm, codec, count, slots, options);
 }
 
 }  // namespace
@@ -231,6 +359,36 @@ void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingScratch& sl
                         const RingOptions& options) {
   reduce_scatter(comm, data, count, slots, options);
   allgather(comm, data, count, slots, options);
+}
+
+void reserve_ring_wire(RingScratch& slots, size_t count, int ranks, const RingOptions& options) {
+  reserve_handles(slots, count, ranks, options);
+  slots.wire_slots(2 * static_cast<size_t>(options.window) *
+                   wire_slot_stride(count, ranks, options));
+}
+
+size_t ring_allreduce_wire(Comm& comm, float* data, size_t count, ReduceOp op, GradWire wire,
+                           const WireExponents& exponents, RingScratch& slots,
+                           const RingOptions& options) {
+  RINGTRAIN_CHECK(wire != GradWire::kFp32 && exponents.fits,
+                  "ring_allreduce_wire moves 16-bit values that fit their scale ({} wire)",
+                  to_string(wire));
+  check_ring_options(options);
+  const int n = comm.size();
+  if (n == 1) return 0;  // nothing moves, nothing is rounded
+  const size_t window = static_cast<size_t>(options.window);
+  const size_t stride = wire_slot_stride(count, n, options);
+  SixteenBitWire codec(wire, exponents, data, slots.wire_slots(2 * window * stride), stride,
+                       window);
+  reduce_scatter_through(comm, codec, count, slots, options);
+  // The owner of a finished chunk averages it in float32 and rounds it to what the wire will
+  // carry, so that it holds exactly the bits every other rank decodes.
+  const ChunkRange owned = ring_chunk(count, n, (comm.rank() + 1) % n);
+  if (op == ReduceOp::kAvg)
+    comm.divide_inplace(data + owned.begin, owned.size, static_cast<float>(n));
+  round_through_wire(wire, data + owned.begin, owned.size, exponents.gather);
+  allgather_through(comm, codec, count, slots, options);
+  return codec.bytes_sent();
 }
 
 }  // namespace ringtrain

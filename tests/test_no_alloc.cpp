@@ -3,9 +3,12 @@
 // This file replaces malloc and friends for the whole test binary with counting wrappers
 // around glibc's own allocator; counting is on only inside the measured region, per thread.
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "ringtrain/allreduce.h"
 #include "ringtrain/data.h"
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
@@ -13,6 +16,7 @@
 #include "ringtrain/timeline.h"
 #include "ringtrain/train.h"
 #include "support/fn_allreduce.h"
+#include "support/thread_comm.h"
 
 extern "C" {
 void* __libc_malloc(size_t size);
@@ -114,5 +118,81 @@ TEST_CASE("a steady-state training step allocates nothing", "[train][timeline]")
         model->set_backward_observer(nullptr);
       }
     }
+  }
+}
+
+namespace {
+
+// ThreadComm copies each message into a vector of its own (it allocates, as MPI's eager
+// buffers would); what the test counts is the ring's own allocations, so every call into the
+// transport runs with counting paused.
+class UncountedTransport final : public Comm {
+ public:
+  explicit UncountedTransport(Comm& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  int local_rank() const override { return inner_.local_rank(); }
+  int local_size() const override { return inner_.local_size(); }
+  std::string name() const override { return inner_.name(); }
+  CommRequest isend(const float* data, size_t n, int peer, int tag) override {
+    const Paused paused;
+    return inner_.isend(data, n, peer, tag);
+  }
+  CommRequest irecv(float* data, size_t n, int peer, int tag) override {
+    const Paused paused;
+    return inner_.irecv(data, n, peer, tag);
+  }
+  void wait(CommRequest& request) override {
+    const Paused paused;
+    inner_.wait(request);
+  }
+  void allreduce_library(float* data, size_t n, ReduceOp op) override {
+    const Paused paused;
+    inner_.allreduce_library(data, n, op);
+  }
+  void broadcast(void* data, size_t bytes, int root) override {
+    const Paused paused;
+    inner_.broadcast(data, bytes, root);
+  }
+  void allgather(const void* send, void* recv, size_t bytes) override {
+    const Paused paused;
+    inner_.allgather(send, recv, bytes);
+  }
+  void barrier() override {
+    const Paused paused;
+    inner_.barrier();
+  }
+
+ private:
+  struct Paused {
+    bool was = g_counting;
+    Paused() { g_counting = false; }
+    ~Paused() { g_counting = was; }
+  };
+  Comm& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("a steady-state host ring allreduce allocates nothing, on every wire", "[wire]") {
+  for (GradWire wire : {GradWire::kFp32, GradWire::kBf16, GradWire::kFp16}) {
+    INFO(to_string(wire));
+    const size_t count = 100'003;
+    std::vector<long> allocations(3, -1);
+    run_ranks(3, [&](Comm& thread_comm) {
+      UncountedTransport comm(thread_comm);
+      const std::unique_ptr<Allreduce> allreduce = make_allreduce(
+          comm, {.ring = {.segment_elements = 4096, .window = 3}, .wire = wire}, Context{});
+      allreduce->reserve(count);
+      std::vector<float> data(count);
+      for (size_t i = 0; i < count; ++i)
+        data[i] = static_cast<float>(i % 101) * 0.01f - 0.5f + static_cast<float>(comm.rank());
+      g_allocations = 0;
+      g_counting = true;
+      for (int run = 0; run < 3; ++run) allreduce->run(data.data(), count, ReduceOp::kAvg);
+      g_counting = false;
+      allocations[static_cast<size_t>(comm.rank())] = g_allocations;
+    });
+    CHECK(allocations == std::vector<long>{0, 0, 0});
   }
 }

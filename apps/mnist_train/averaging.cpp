@@ -2,6 +2,7 @@
 #include "averaging.h"
 
 #include <chrono>
+#include <string>
 
 #include "lost_scaling.h"
 #include "ringtrain/log.h"
@@ -30,6 +31,7 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
         make_allreduce(comm,
                        AllreduceConfig{.algorithm = o.allreduce,
                                        .device = ctx.device,
+                                       .wire = local_sgd ? GradWire::kFp32 : o.grad_wire,
                                        .timeout_s = o.collective_timeout + 30.0,
                                        .phase = local_sgd ? nullptr : "gradient allreduce",
                                        .test_delay_ms = local_sgd ? 0.0 : o.test_comm_delay_ms},
@@ -54,8 +56,13 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
       allreduce.kind() == AllreduceKind::kStagedRing && o.allreduce != AllreduceAlgorithm::kRing
           ? " (whatever --allreduce says: ranks share a GPU, which NCCL refuses)"
           : "";
-  spdlog::info("gradients: {} bucket(s) averaged by the {}{} {} ({}); watchdog {:g} s",
-               sync.buckets().size(), to_string(allreduce.kind()), why,
+  const std::string wire =
+      allreduce.wire() == GradWire::kFp32
+          ? std::string()
+          : fmt::format(" on a {} wire (fp32 partial sums{})", to_string(allreduce.wire()),
+                        allreduce.wire() == GradWire::kFp16 ? ", a scale agreed per bucket" : "");
+  spdlog::info("gradients: {} bucket(s) averaged by the {}{}{} {} ({}); watchdog {:g} s",
+               sync.buckets().size(), to_string(allreduce.kind()), wire, why,
                sync.overlap() ? "while backward runs" : "after backward", plan.overlap_reason,
                o.collective_timeout);
   if (comm.size() > 1) {

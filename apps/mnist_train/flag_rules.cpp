@@ -55,6 +55,29 @@ void check_reproducible_flags(Options& o) {
                     o.threads));
 }
 
+// --grad-wire bf16|fp16: what the 16-bit wire runs on (the host ring's gradient averaging).
+void check_grad_wire_flags(const Options& o) {
+  if (o.grad_wire == GradWire::kFp32) return;
+  const char* const wire = to_string(o.grad_wire);
+  if (o.strategy != Strategy::kRing)
+    refuse_usage(fmt::format(
+        "--grad-wire {} chooses what the ring's gradient averaging sends, and --strategy {} "
+        "has none ({}): leave out --grad-wire",
+        wire, to_string(o.strategy),
+        o.strategy == Strategy::kLocalSgd ? "it averages parameters, which stay fp32"
+                                          : "the workers push their gradients to the servers"));
+  if (o.reproducible)
+    refuse_usage(fmt::format(
+        "--reproducible sums over its own exact fixed-point ring: leave out --grad-wire {}", wire));
+  if (o.allreduce != AllreduceAlgorithm::kRing)
+    refuse_usage(
+        fmt::format("--grad-wire {} is a wire of our ring, and --allreduce mpi runs the library's "
+                    "collective, which moves fp32: use --allreduce ring or leave out --grad-wire",
+                    wire));
+  if (o.device == "cuda")
+    refuse_usage("the device ring moves fp32 only; --grad-wire needs --device cpu");
+}
+
 }  // namespace
 
 // The flags of the strategies, checked against each other before anything starts (every rank
@@ -89,6 +112,7 @@ void check_flag_combinations(Options& o, int ranks) {
     refuse_usage(
         "--accumulate-steps is a flag of --strategy ring and local-sgd: the parameter-server "
         "workers push each batch's gradients (use a larger --batch-size)");
+  check_grad_wire_flags(o);
   for (const auto& [flag, value] : {std::pair{"--test-fail-rank", o.test_fail_rank},
                                     std::pair{"--test-preempt-rank", o.test_preempt_rank},
                                     std::pair{"--test-stall-rank", o.test_stall_rank},
@@ -166,6 +190,11 @@ void check_device_flags(const Options& o, int ranks, const DeviceChoice& device)
         fmt::format("--accumulate-steps runs on the CPU for now (the device step takes one "
                     "pass), and this run would train on the GPU ({}): pass --device cpu",
                     device.why));
+  if (device.device == Device::kCuda && o.grad_wire != GradWire::kFp32)
+    refuse_usage(fmt::format(
+        "the device ring moves fp32 only; --grad-wire needs --device cpu (this run would "
+        "train on the GPU: {})",
+        device.why));
   if (device.device == Device::kCuda && o.test_comm_delay_ms > 0)
     refuse_usage("--test-comm-delay-ms is a CPU-path test flag; use --device cpu");
 }

@@ -310,6 +310,11 @@ void add_averaging_flags(CLI::App& app, Options& o) {
              {{"ring", AllreduceAlgorithm::kRing}, {"mpi", AllreduceAlgorithm::kLibrary}},
              "Averaging (of the gradients; under local-sgd of the parameters): ring (ours) or "
              "mpi (the library's: MPI_Allreduce, or ncclAllReduce on a GPU)");
+  add_choice(app, "--grad-wire", o.grad_wire,
+             {{"fp32", GradWire::kFp32}, {"bf16", GradWire::kBf16}, {"fp16", GradWire::kFp16}},
+             "What the gradient ring sends (--allreduce ring, --device cpu): fp32, or 16-bit "
+             "bf16 / fp16 values (half the bytes; partial sums stay fp32, fp16 is scaled per "
+             "bucket so that it cannot overflow)");
   auto* overlap = add_choice(
       app, "--overlap", o.overlap,
       {{"auto", OverlapChoice::kAuto}, {"on", OverlapChoice::kOn}, {"off", OverlapChoice::kOff}},

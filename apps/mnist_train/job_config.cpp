@@ -51,6 +51,7 @@ std::vector<ConfigField> config_fields(const Options& o, const Model& model, con
       {"training data", data_hash(data.train)},
       {"test data", data_hash(data.test)},
       {"--allreduce", to_string(o.allreduce)},
+      {"--grad-wire", to_string(o.grad_wire)},
       // The transport follows the device (MPI for host gradients, NCCL for device ones): all
       // ranks must train on the same kind of device.
       {"device", to_string(device)},

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -74,7 +75,17 @@ struct RingTotals {
   int64_t skipped_steps = 0, graph_steps = 0, graph_captures = 0, averages = 0, buckets = 0;
   bool ema = false, overlap = false;
   double reference_ms = 0.0;  // Averaging::reference_ms
+  Allreduce::Tally wire;      // what the averaging sent (bytes_sent -1: not counted)
 };
+
+// The summary's account of the wire: bytes this rank sent per step (the ring's payload and,
+// on fp16, the bound exchange) and what the fp16 scale cost.
+double wire_bytes_per_step(const RingTotals& t) {
+  if (t.wire.bytes_sent < 0) return -1.0;
+  return t.run.trained_steps > 0
+             ? static_cast<double>(t.wire.bytes_sent) / static_cast<double>(t.run.trained_steps)
+             : 0.0;
+}
 
 // The lost-scaling lines of the summary, and their metrics fields (lost_scaling.h).
 void report_lost_scaling(const Job& job, const LostScaling& lost, const RingTotals& t,
@@ -126,6 +137,18 @@ void report_ring_run(const Job& job, const RingTotals& t, const LostScaling& los
       t.times.mean(t.times.compute_ms), t.times.mean(t.times.comm_ms),
       t.times.mean(t.times.exposed_ms), std::max(0.0, t.times.overlap_efficiency()) * 100.0, ranks,
       t.overlap ? "overlapped" : "not overlapped");
+  const double steps = static_cast<double>(std::max<int64_t>(1, t.run.trained_steps));
+  if (t.wire.bytes_sent >= 0)
+    spdlog::info(
+        "summary: {} wire: {:.3f} MB sent per step by this rank{}", to_string(o.grad_wire),
+        wire_bytes_per_step(t) / 1e6,
+        o.grad_wire == GradWire::kFp16
+            ? fmt::format(" (bucket bounds: {:.3f} ms per step to scan, {:.3f} ms to allgather, "
+                          "waiting for the slowest rank included; {} bucket(s) sent as fp32 for "
+                          "a NaN or an infinity)",
+                          t.wire.bound_scan_ms / steps, t.wire.bound_exchange_ms / steps,
+                          t.wire.fp32_fallbacks)
+            : std::string());
   const bool local_sgd = o.strategy == Strategy::kLocalSgd;
   std::vector<JsonField> record = {{"test_accuracy", t.eval.accuracy()},
                                    {"images_per_sec", t.run.images_per_sec()},
@@ -151,6 +174,11 @@ void report_ring_run(const Job& job, const RingTotals& t, const LostScaling& los
                                    {"overlap_efficiency", t.times.overlap_efficiency()},
                                    {"overlap", t.overlap},
                                    {"allreduce", std::string(to_string(o.allreduce))},
+                                   {"grad_wire", std::string(to_string(o.grad_wire))},
+                                   {"wire_bytes_per_step", wire_bytes_per_step(t)},
+                                   {"bound_scan_ms", t.wire.bound_scan_ms / steps},
+                                   {"bound_exchange_ms", t.wire.bound_exchange_ms / steps},
+                                   {"fp32_fallbacks", t.wire.fp32_fallbacks},
                                    {"strategy", std::string(to_string(o.strategy))},
                                    {"average_every", local_sgd ? o.average_every : int64_t{0}},
                                    {"parameter_averages", t.averages},
@@ -270,6 +298,10 @@ int train(const Job& job) {
                                  : 0);
   const bool show_progress = rank == 0 && progress.enabled();
   TrainWindow window;
+  // What the Allreduce had counted before training (the communication reference's runs).
+  const Allreduce::Tally wire_at_start =
+      averaging.allreduce ? averaging.allreduce->tally() : Allreduce::Tally{.bytes_sent = 0};
+  int64_t wire_bytes_sent = wire_at_start.bytes_sent;  // the count at the end of the last step
   double& train_seconds = totals.run.train_seconds;
   CheckpointSchedule schedule(o, plan.start_step);
   // On an error, abort NCCL before anything declared above is destroyed: freeing device
@@ -286,8 +318,8 @@ int train(const Job& job) {
     timeline.set_step(step);
     inject_test_failures(o, rank, step);
     if (rank == o.test_preempt_rank && step == o.test_preempt_at_step) request_preemption(SIGTERM);
-    const std::optional<StepFigures> sent = previous;
-    stop_agreement.start(preemption_signal(), sent ? sent->compute_ms : 0.0);
+    const std::optional<StepFigures> sent_figures = previous;
+    stop_agreement.start(preemption_signal(), sent_figures ? sent_figures->compute_ms : 0.0);
     const auto start = Clock::now();
     const int64_t epoch = step / plan.steps_per_epoch;
     const float lr = learning_rate(plan.schedule, step);
@@ -302,12 +334,16 @@ int train(const Job& job) {
           .exposed_ms = stats.comm.exposed_ms,
           .comm_ms = stats.comm.comm_ms};
     last_step_end = step_end;
+    if (grad_sync != nullptr) {
+      const int64_t sent = averaging.allreduce->tally().bytes_sent;
+      if (sent >= 0) window.add_wire_bytes(sent - std::exchange(wire_bytes_sent, sent));
+    }
     // Every rank learns here whether any rank asked to stop, so all stop after the same step:
     // this one, or under local-sgd the next parameter average (a step where the replicas, and
     // so the checkpoint, are the job's whole state: an extra average would change the result).
     if (const int agreed = stop_agreement.finish(); agreed != 0 && stop_signal == 0)
       stop_signal = agreed;
-    account(sent);
+    account(sent_figures);
     const bool averaged = local_sgd.due(step);
     if (averaged) {
       const PhaseScope phase(comm.board(), "parameter average");
@@ -402,6 +438,16 @@ int train(const Job& job) {
   totals.skipped_steps = guard.skipped_steps();
   totals.graph_captures = step_graph_captures(workspace);
   totals.averages = local_sgd.averages();
+  // One rank sends nothing.
+  totals.wire =
+      averaging.allreduce ? averaging.allreduce->tally() : Allreduce::Tally{.bytes_sent = 0};
+  if (totals.wire.bytes_sent >= 0) {  // training's share only
+    totals.wire.bytes_sent -= wire_at_start.bytes_sent;
+    totals.wire.runs -= wire_at_start.runs;
+    totals.wire.fp32_fallbacks -= wire_at_start.fp32_fallbacks;
+    totals.wire.bound_scan_ms -= wire_at_start.bound_scan_ms;
+    totals.wire.bound_exchange_ms -= wire_at_start.bound_exchange_ms;
+  }
   report_ring_run(job, totals, lost, metrics);
   if (rank == 0) save_final_params(o, model, comm.board());
   return 0;

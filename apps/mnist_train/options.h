@@ -60,6 +60,7 @@ struct Options {
   std::string timeline;  // --timeline: the Chrome trace file rank 0 writes (timeline.h)
   std::string log_level = "info";
   AllreduceAlgorithm allreduce = AllreduceAlgorithm::kRing;
+  GradWire grad_wire = GradWire::kFp32;  // --grad-wire: what the gradient ring sends (wire.h)
   OverlapChoice overlap = OverlapChoice::kAuto;
   double fusion_threshold_mb = 4.0;
   double first_bucket_mb = 0.25;

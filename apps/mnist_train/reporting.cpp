@@ -27,11 +27,15 @@ void TrainWindow::report(int64_t done, int64_t total, int64_t epoch, float lr,
     spdlog::info("step {}/{} epoch {} loss {:.4f} train acc {:.4f} lr {:.6g} {:.0f} img/s", done,
                  total, epoch, mean_loss, accuracy, lr, images_per_sec);
   }
-  metrics.write("train", {{"step", done},
-                          {"epoch", epoch},
-                          {"loss", mean_loss},
-                          {"train_accuracy", accuracy},
-                          {"lr", static_cast<double>(lr)}});
+  metrics.write("train",
+                {{"step", done},
+                 {"epoch", epoch},
+                 {"loss", mean_loss},
+                 {"train_accuracy", accuracy},
+                 {"lr", static_cast<double>(lr)},
+                 {"wire_bytes_per_step", wire_steps_ > 0 ? static_cast<double>(wire_bytes_) /
+                                                               static_cast<double>(wire_steps_)
+                                                         : -1.0}});
   *this = TrainWindow();
 }
 

@@ -27,6 +27,12 @@ struct StepTimes {
 class TrainWindow {
  public:
   void add(const StepStats& stats);
+  // The bytes this rank's Allreduce sent in one step (Allreduce::tally), for the record's
+  // wire_bytes_per_step (-1 in windows where nothing was counted).
+  void add_wire_bytes(int64_t bytes) {
+    wire_bytes_ += bytes;
+    ++wire_steps_;
+  }
   bool empty() const { return steps_ == 0; }
   // "step {done}/{total} epoch ... loss ... train acc ... lr ... img/s" (when `print`) and a
   // "train" metrics record; then starts a new window.
@@ -36,6 +42,7 @@ class TrainWindow {
  private:
   double loss_ = 0.0;
   int64_t correct_ = 0, samples_ = 0, steps_ = 0;
+  int64_t wire_bytes_ = 0, wire_steps_ = 0;
 };
 
 // "step {step} test accuracy ... loss ..." (when `print`) and an "eval" metrics record.

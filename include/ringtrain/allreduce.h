@@ -6,12 +6,20 @@
 // clang-format off
 //   kind                   memory  what runs                                   made when
 //   ring over MPI          host    ring_allreduce (ring.h) over the host Comm  cpu, --allreduce ring
+//     ... on a 16-bit wire host    ring_allreduce_wire (ring.h, wire.h)        cpu, ring, --grad-wire
 //   MPI_Allreduce          host    Comm::allreduce_library                     cpu, --allreduce mpi
 //   ring over NCCL         device  ring_allreduce_device over NcclComm         gpu, ring, own GPUs
 //   ncclAllReduce          device  NcclComm::allreduce_library                 gpu, mpi, own GPUs
 //   host-staged ring       device  pinned host copy, ring over MPI, copy back  gpu, ranks share one
 //   exact fixed-point ring host    ExactGradSum (exact_sum.h)                  --reproducible
 // clang-format on
+//
+// The ring over MPI moves float32 by default; with AllreduceConfig::wire (--grad-wire) bf16 or
+// fp16 it moves 16-bit values and keeps float32 partial sums (kind() stays kHostRing, wire()
+// says which). fp16 first allgathers one exponent bound per rank and bucket to choose the
+// bucket's scale; a bucket with a NaN or an infinity on any rank moves as float32 (every rank
+// sees the same bounds, so every rank falls back alike). The other kinds move float32 only
+// (make_allreduce refuses a 16-bit wire for them).
 //
 // Host kinds return with the result in place. Device kinds queue the work on the context's
 // communication stream and return without waiting (the caller orders its streams with events).
@@ -24,6 +32,7 @@
 #include "ringtrain/comm.h"
 #include "ringtrain/context.h"
 #include "ringtrain/ring.h"
+#include "ringtrain/wire.h"
 
 namespace ringtrain {
 
@@ -62,12 +71,29 @@ class Allreduce {
   virtual void abort() noexcept {}
   // Ranks of the collective.
   virtual int size() const = 0;
+  // What the ring puts on the wire (--grad-wire); float32 for every kind but the ring over MPI.
+  virtual GradWire wire() const { return GradWire::kFp32; }
+  // What this rank has sent since it was made, counted by the kinds whose sends are ours (the
+  // ring over MPI); the library collectives' own algorithms are not counted (bytes_sent -1).
+  struct Tally {
+    int64_t bytes_sent = -1;     // ring payload (with the 16-bit wire's pads) and bounds
+    int64_t runs = 0;            // run() calls
+    int64_t fp32_fallbacks = 0;  // fp16 buckets sent as float32 (a NaN or an infinity)
+    double bound_scan_ms = 0.0;  // fp16: computing this rank's bucket bounds
+    // fp16: allgathering them; it includes waiting for the slowest rank to arrive, which the
+    // ring's first receive would otherwise wait.
+    double bound_exchange_ms = 0.0;
+  };
+  // Safe to call from another thread than run()'s once that run() has returned.
+  virtual Tally tally() const { return {}; }
 };
 
 struct AllreduceConfig {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
   Device device = Device::kCpu;  // where the buffers live (a Context's device)
   RingOptions ring;
+  // The ring over MPI only: what it sends (wire.h). Other kinds take kFp32 only.
+  GradWire wire = GradWire::kFp32;
   // Device kinds: how long a wait for the streams may go without progress (the host
   // transport's deadline is the natural value).
   double timeout_s = 90.0;

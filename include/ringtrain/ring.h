@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ringtrain/comm.h"
+#include "ringtrain/wire.h"
 
 namespace ringtrain {
 
@@ -50,10 +51,13 @@ class RingScratch final : public RingSlots {
   size_t capacity() const { return buffer_.size(); }
   // The slots of ring_allreduce_sum: integers, in storage of their own.
   int64_t* integer_slots(size_t elements);
+  // The slots of ring_allreduce_wire: 16-bit values, send and receive, in storage of their own.
+  uint16_t* wire_slots(size_t elements);
 
  private:
   std::vector<float> buffer_;
   std::vector<int64_t> integers_;
+  std::vector<uint16_t> wire_;
   std::vector<CommRequest> sends_, recvs_;
 };
 
@@ -62,6 +66,12 @@ class RingScratch final : public RingSlots {
 void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
 // The same for ring_allreduce_sum of `count` integers.
 void reserve_ring_sum(RingScratch& slots, size_t count, int ranks, const RingOptions& options = {});
+// The same for ring_allreduce_wire of `count` floats.
+void reserve_ring_wire(RingScratch& slots, size_t count, int ranks,
+                       const RingOptions& options = {});
+// The elements rank `rank` sends in one ring allreduce of `count` elements over `ranks`: one
+// chunk per step, 2 (N - 1) steps, so 2 (N - 1) / N * count give or take an element per step.
+size_t ring_elements_sent(size_t count, int ranks, int rank);
 
 // After it, rank r's buffer holds the full sum of chunk (r + 1) % N in place (other chunks
 // hold partial sums).
@@ -79,5 +89,18 @@ void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlot
 // options.segment_elements integers, twice a float segment's bytes.
 void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingScratch& slots,
                         const RingOptions& options = {});
+
+// The ring over a 16-bit wire (wire.h: `wire` is kBf16 or kFp16, `exponents` its scales, which
+// must fit): float32 data, float32 partial sums. Each scatter-reduce hop sends the sender's
+// float32 partial sum rounded once to 16 bits (at 2^exponents.reduce) and the receiver adds it
+// into its float32 copy; the owner of a finished chunk divides it (kAvg) in float32 and rounds
+// it to 16 bits (at 2^exponents.gather); the allgather moves those 16-bit values, and every
+// rank, the owner included, holds exactly their float32 value: the same bits everywhere. Host
+// transports and host slots only (the conversions are host loops). A segment is
+// options.segment_elements values, half a float segment's bytes. Returns the bytes this rank
+// sent (ring_elements_sent x 2, plus one 2-byte pad per odd-length segment).
+size_t ring_allreduce_wire(Comm& comm, float* data, size_t count, ReduceOp op, GradWire wire,
+                           const WireExponents& exponents, RingScratch& slots,
+                           const RingOptions& options = {});
 
 }  // namespace ringtrain
