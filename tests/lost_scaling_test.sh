@@ -3,8 +3,8 @@
 # `timeout`. Each injected cost is a sleep, so each expectation is a lower bound that holds on
 # any machine, however loaded (a sleep never ends early), plus a comparison between the account's
 # figures, never a timing of the machine itself:
-#  (a) rank 2 of 3 sleeps 40 ms before each step: the account names rank 2 the last in (nearly)
-#      every step and books at least half the sleep as waiting for the slowest rank, more than
+#  (a) rank 2 of 3 sleeps 40 ms before each step: the account names rank 2 the last in most
+#      steps (at least half: 3 ranks share 2 cores, so another rank may be descheduled longer) and books at least half the sleep as waiting for the slowest rank, more than
 #      it books as exposed communication;
 #  (b) a slowed transport (every bucket's allreduce sleeps 15 ms, on every rank; overlap off, so
 #      that it is all exposed): at least 80% of buckets x 15 ms is exposed communication, and less
@@ -20,7 +20,7 @@ field() { python3 "$(dirname "${BASH_SOURCE[0]}")/../scripts/summary_field.py" "
 holds() {  # holds WHAT PYTHON-EXPRESSION
   if python3 -c "import sys; sys.exit(0 if ($2) else 1)"; then pass "$1"; else fail "$1 ($2)"; fi
 }
-common=(--steps 20 --batch-size 16 --log-every 10 --eval-batch 5000)
+common=(--steps 20 --batch-size 16 --log-every 10 --eval-batch 5000 --device cpu)
 
 # ---- (a) one rank late ----
 run delayed 180 3 "${common[@]}" --test-slow-rank 2 --test-slow-ms 40
@@ -29,12 +29,12 @@ if [ "$status" -ne 0 ]; then
 else
   wait_ms=$(field delayed slowest_wait_ms) wire_ms=$(field delayed exposed_wire_ms)
   holds "(a) the late rank is named: rank $(field delayed slowest_rank)" \
-    "$(field delayed slowest_rank) == 2 and $(field delayed slowest_share) >= 0.8"
+    "$(field delayed slowest_rank) == 2 and $(field delayed slowest_share) >= 0.5"
   holds "(a) waiting for the slowest rank: $wait_ms ms per step (rank 2 sleeps 40)" \
     "$wait_ms >= 20"
   holds "(a) the wait, not the wire: $wait_ms ms waiting, $wire_ms ms exposed communication" \
     "$wait_ms > $wire_ms"
-  has delayed "rank 2 finished backward last in" ||
+  has delayed "rank 2 was the last to hand in its gradients in" ||
     fail "(a) the summary does not name the late rank: $(grep 'lost scaling' delayed.log)"
   grep -q '"event":"scaling".*"slowest_rank":2' delayed.jsonl ||
     fail "(a) no periodic scaling record names rank 2: $(grep scaling delayed.jsonl)"

@@ -461,7 +461,7 @@ TEST_CASE("a 16-bit wire is refused where it cannot run", "[wire]") {
   CHECK_THROWS_AS(parse_grad_wire("fp8"), Error);
 }
 
-TEST_CASE("--grad-wire 16-bit: refused, the same on every rank, where it cannot run", "[wire]") {
+TEST_CASE("grad wire: 16 bits (--grad-wire) refused, the same on every rank, where it cannot run", "[wire]") {
   using namespace ringtrain::app;
   const auto refused = [](Options o, int ranks) {
     try {

@@ -13,7 +13,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 command -v python3 >/dev/null || { echo "skipped: no python3 to read the trace"; exit 77; }
 # shellcheck source=tests/support/trainer_run_lib.sh
 source "$here/support/trainer_run_lib.sh"
-short=(--steps 12 --batch-size 32 --log-every 0 --eval-batch 5000 --eval-every 6)
+short=(--steps 12 --batch-size 32 --log-every 0 --eval-batch 5000 --eval-every 6 --device cpu)
 
 check() {  # check NAME TRACE NAMES...: the trace file passes check_timeline.py
   local name=$1 trace=$2

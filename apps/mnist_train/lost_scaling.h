@@ -2,19 +2,24 @@
 // "Lost scaling"): waiting for the slowest rank, exposed communication, and how fast the
 // communication ran against the same Allreduce alone.
 //
-// Each rank knows its own step: the time until its backward was done ("compute": the step
-// less the time it waited in GradSync::finish) and that wait ("exposed"). What it cannot see
-// alone is how much of the wait was the slowest rank still computing: the ring cannot finish
-// before every rank has handed in its last bucket. So every rank tells the others its compute
-// time, in the tiny allgather the step already makes for the stop agreement (preemption.h),
-// one step late (a step's compute time is known only at its end, after that step's exchange
-// started). Then for a step, on rank r:
+// Each rank knows its own step: "compute", the time from the end of its previous train_step
+// (a moment the ranks pass together: that step's last allreduce ends everywhere at once) to the
+// end of this one, less the time it waited in GradSync::finish; so everything the rank did
+// but wait (data, forward, backward, the optimizer, which costs every rank the same, and
+// whatever else came between: an evaluation, the chief's checkpoint write, a stall); and that
+// wait ("exposed"). What it cannot see alone is how much of the wait was the slowest rank
+// still busy: the ring cannot finish before every rank has handed in its last bucket. So every
+// rank tells the others its compute time, in the tiny allgather the step already makes for the
+// stop agreement (preemption.h), one step late (a step's compute time is known only at its
+// end, after that step's exchange started): during training the account adds no collective
+// (one more round of the agreement after the last step, and the reference timing before the
+// first). Then for a step, on rank r:
 //   waiting for the slowest = max_j compute_j - compute_r
 //   exposed communication   = exposed_r - waiting (at least 0): the wire's time after the
 //                             last rank was ready, which no overlap hid
-// and the slowest rank is the j of the largest compute_j. This assumes the ranks start a step
-// together, which they do within the allgather's skew: a step ends on every rank when the
-// same last allreduce completes.
+// and the slowest rank (the last to hand in its gradients) is the j of the largest compute_j. This
+// assumes the ranks start a step together, which they do within the allgather's skew: a step ends
+// on every rank when the same last allreduce completes.
 //
 // Bandwidth: the step's communication time (the buckets' allreduces, GradSync's comm_ms) less
 // the waiting moves the gradient buffer at some bus bandwidth; before training, the same

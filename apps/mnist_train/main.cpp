@@ -94,11 +94,13 @@ void report_lost_scaling(const Job& job, const LostScaling& lost, const RingTota
   const double busbw = lost.achieved_busbw_gbps();
   const double reference_busbw = bus_bandwidth_gbps(
       job.model.grads().numel() * static_cast<int64_t>(sizeof(float)), ranks, t.reference_ms);
-  spdlog::info(
-      "summary: lost scaling per step (rank 0): {:.3f} ms waiting for the slowest rank (rank {} "
-      "finished backward last in {:.0f}% of {} steps), {:.3f} ms exposed communication",
-      lost.mean_wait_ms(), lost.slowest_rank(), lost.slowest_share() * 100.0, lost.steps(),
-      lost.mean_exposed_ms());
+  if (ranks > 1 && lost.steps() > 0)
+    spdlog::info(
+        "summary: lost scaling per step (rank 0): {:.3f} ms waiting for the slowest rank (rank {} "
+        "was the last to hand in its gradients in {:.0f}% of {} steps), {:.3f} ms exposed "
+        "communication",
+        lost.mean_wait_ms(), lost.slowest_rank(), lost.slowest_share() * 100.0, lost.steps(),
+        lost.mean_exposed_ms());
   if (ranks > 1 && busbw > 0)
     spdlog::info(
         "summary: communication {:.3f} ms per step less the wait: {:.2f} GB/s bus bandwidth{}",
@@ -138,7 +140,7 @@ void report_ring_run(const Job& job, const RingTotals& t, const LostScaling& los
       t.times.mean(t.times.exposed_ms), std::max(0.0, t.times.overlap_efficiency()) * 100.0, ranks,
       t.overlap ? "overlapped" : "not overlapped");
   const double steps = static_cast<double>(std::max<int64_t>(1, t.run.trained_steps));
-  if (t.wire.bytes_sent >= 0)
+  if (t.wire.bytes_sent >= 0 && ranks > 1)
     spdlog::info(
         "summary: {} wire: {:.3f} MB sent per step by this rank{}", to_string(o.grad_wire),
         wire_bytes_per_step(t) / 1e6,

@@ -7,8 +7,8 @@
 // result, the largest signal, is known on every rank at the same step and all stop after that
 // same step, whichever rank saw the signal and whenever. The same allgather carries one figure
 // per rank (mnist_train: the previous step's compute time, for the lost-scaling account), so
-// that the account costs no collective of its own. The chief then writes a checkpoint and every
-// rank exits with kPreempted (75, EX_TEMPFAIL); the same command line resumes from it.
+// that the account adds no collective to a training step. The chief then writes a checkpoint and
+// every rank exits with kPreempted (75, EX_TEMPFAIL); the same command line resumes from it.
 // docs/failures.md says what Open MPI's mpirun does with each signal.
 #pragma once
 
