@@ -57,6 +57,8 @@
 #include "ringtrain/gpu_context.h"
 #include "ringtrain/log.h"
 #include "ringtrain/mpi_comm.h"
+#include "ringtrain/report.h"
+#include "ringtrain/report.h"
 #include "ringtrain/ring.h"
 #include "ringtrain/tensor.h"
 
@@ -482,12 +484,6 @@ double time_iterations(Backend backend, MpiComm& comm, Target& target, size_t co
   const double elapsed = MPI_Wtime() - start;
   const auto all = allgather_value(comm, elapsed);
   return *std::max_element(all.begin(), all.end()) / iters;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2.0;
 }
 
 struct Row {

@@ -12,6 +12,10 @@ namespace ringtrain {
 
 namespace {
 
+// Tags inside the ring's segment tags (0..32767) on the same communicator: safe because the
+// clocks are measured only before the first step and after the last, when no allreduce is in
+// flight (the GradSync's communication thread is idle), and every rank measures at the same
+// point of the job.
 constexpr int kPingTag = 30011;
 constexpr int kReplyTag = 30012;
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -108,6 +109,13 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
 
 MetricsWriter::~MetricsWriter() {
   if (file_ != nullptr) std::fclose(file_);
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2.0;
 }
 
 void MetricsWriter::write(std::string_view event, std::span<const JsonField> fields) {

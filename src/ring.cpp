@@ -83,6 +83,12 @@ void check_ring_options(const RingOptions& options) {
 }
 
 namespace {
+int ring_mod(int value, int n) {
+  return ((value % n) + n) % n;
+}
+}  // namespace
+
+namespace {
 // The slots' elements one ring of `count` elements asks for: the largest chunk, capped at
 // window x segment. Grows the handles too.
 size_t reserve_handles(RingSlots& slots, size_t count, int ranks, const RingOptions& options) {
@@ -109,17 +115,13 @@ size_t ring_elements_sent(size_t count, int ranks, int rank) {
   // Scatter-reduce step s sends chunk (r - s) mod N, allgather step s chunk (r + 1 - s) mod N.
   size_t sent = 0;
   for (int step = 0; step + 1 < ranks; ++step) {
-    sent += ring_chunk(count, ranks, ((rank - step) % ranks + ranks) % ranks).size;
-    sent += ring_chunk(count, ranks, ((rank + 1 - step) % ranks + ranks) % ranks).size;
+    sent += ring_chunk(count, ranks, ring_mod(rank - step, ranks)).size;
+    sent += ring_chunk(count, ranks, ring_mod(rank + 1 - step, ranks)).size;
   }
   return sent;
 }
 
 namespace {
-
-int ring_mod(int value, int n) {
-  return ((value % n) + n) % n;
-}
 
 // MPI guarantees only tags up to 32767; messages between one pair with one tag still match in
 // order, so wrapping is safe.

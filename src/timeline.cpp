@@ -243,7 +243,7 @@ void check_timeline_path(const std::string& path) {
 
 int64_t write_timeline(Comm& comm, const Timeline& timeline, const std::string& path,
                        const std::vector<ClockOffset>& start) {
-  const std::vector<ClockOffset> end = measure_clock_offsets(comm, 8);
+  const std::vector<ClockOffset> end = measure_clock_offsets(comm, kClockSyncRounds);
   // Every rank's records, one root at a time (broadcast: the transport's byte collective);
   // only rank 0 keeps them.
   std::vector<RankTrace> ranks(comm.rank() == 0 ? static_cast<size_t>(comm.size()) : 0);

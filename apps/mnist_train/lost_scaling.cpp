@@ -6,6 +6,7 @@
 #include <map>
 
 #include "ringtrain/check.h"
+#include "ringtrain/report.h"
 
 namespace ringtrain::app {
 
@@ -74,16 +75,6 @@ double bus_bandwidth_gbps(int64_t bytes, int ranks, double ms) {
   const double algbw = static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
   return algbw * 2.0 * (ranks - 1) / ranks;
 }
-
-namespace {
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2.0;
-}
-
-}  // namespace
 
 double time_buckets_alone(Comm& comm, Allreduce& allreduce, const std::vector<Bucket>& buckets) {
   if (device_of(allreduce.kind()) != Device::kCpu || allreduce.kind() == AllreduceKind::kExactRing)

@@ -441,15 +441,9 @@ int train(const Job& job) {
   totals.graph_captures = step_graph_captures(workspace);
   totals.averages = local_sgd.averages();
   // One rank sends nothing.
-  totals.wire =
-      averaging.allreduce ? averaging.allreduce->tally() : Allreduce::Tally{.bytes_sent = 0};
-  if (totals.wire.bytes_sent >= 0) {  // training's share only
-    totals.wire.bytes_sent -= wire_at_start.bytes_sent;
-    totals.wire.runs -= wire_at_start.runs;
-    totals.wire.fp32_fallbacks -= wire_at_start.fp32_fallbacks;
-    totals.wire.bound_scan_ms -= wire_at_start.bound_scan_ms;
-    totals.wire.bound_exchange_ms -= wire_at_start.bound_exchange_ms;
-  }
+  totals.wire =  // training's share only
+      (averaging.allreduce ? averaging.allreduce->tally() : Allreduce::Tally{.bytes_sent = 0})
+          .since(wire_at_start);
   report_ring_run(job, totals, lost, metrics);
   if (rank == 0) save_final_params(o, model, comm.board());
   return 0;

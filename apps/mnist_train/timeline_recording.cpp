@@ -9,7 +9,6 @@
 namespace ringtrain::app {
 
 namespace {
-constexpr int kClockRounds = 8;  // ping-pongs per rank; the shortest round trip's offset is kept
 
 // What one record costs here, measured on the real code: a span as TraceScope records it (two
 // clock readings and a store) into a scratch store, the median of a few batches. The scratch
@@ -50,7 +49,7 @@ TimelineRecording::TimelineRecording(const Options& o, Comm& comm) : path_(o.tim
                 ExitCode::kUsage, /*on_every_rank=*/true);
   timeline_.emplace();
   record_ns_ = measure_record_ns();
-  start_offsets_ = measure_clock_offsets(comm, kClockRounds);
+  start_offsets_ = measure_clock_offsets(comm, kClockSyncRounds);
   if (comm.rank() == 0) {
     ClockOffset widest;
     for (const ClockOffset& offset : start_offsets_)

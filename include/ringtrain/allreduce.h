@@ -83,6 +83,15 @@ class Allreduce {
     // fp16: allgathering them; it includes waiting for the slowest rank to arrive, which the
     // ring's first receive would otherwise wait.
     double bound_exchange_ms = 0.0;
+    // What was counted since `earlier` (a count of -1, not counted, stays -1).
+    Tally since(const Tally& earlier) const {
+      if (bytes_sent < 0) return *this;
+      return {.bytes_sent = bytes_sent - earlier.bytes_sent,
+              .runs = runs - earlier.runs,
+              .fp32_fallbacks = fp32_fallbacks - earlier.fp32_fallbacks,
+              .bound_scan_ms = bound_scan_ms - earlier.bound_scan_ms,
+              .bound_exchange_ms = bound_exchange_ms - earlier.bound_exchange_ms};
+    }
   };
   // Safe to call from another thread than run()'s once that run() has returned.
   virtual Tally tally() const { return {}; }

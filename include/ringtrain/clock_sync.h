@@ -27,6 +27,10 @@ struct ClockOffset {
 // This rank's clock, in nanoseconds (steady_clock by default; tests inject offsets).
 using ClockFn = std::function<int64_t()>;
 
+// Ping-pongs per rank of the trainer's measurements (before and after training): the shortest
+// round trip's offset is kept.
+inline constexpr int kClockSyncRounds = 8;
+
 // Collective. Rank 0 gets every rank's offset (entry 0 is {0, 0}); the others get an empty
 // vector. rounds >= 1.
 std::vector<ClockOffset> measure_clock_offsets(Comm& comm, int rounds, const ClockFn& now = {});

@@ -10,11 +10,16 @@
 #include <string_view>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace ringtrain {
 
 using JsonValue = std::variant<int64_t, double, std::string, bool>;
 using JsonField = std::pair<std::string_view, JsonValue>;
+
+// The median of measurements (the mean of the middle two for an even count; 0 for none): how
+// allreduce_bench and mnist_train's communication reference summarise repeated timings.
+double median(std::vector<double> values);
 
 // Appends one JSON object per line: {"event":"<event>", fields...}. Lines are flushed as they
 // are written, so a run that dies still leaves every line it logged. A default-constructed
