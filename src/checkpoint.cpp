@@ -384,6 +384,7 @@ std::vector<uint8_t> encode_checkpoint(const Checkpoint& c) {
   w.scalar<uint64_t>(c.seed);
   w.scalar<int64_t>(c.global_batch);
   w.scalar<int64_t>(c.ranks);
+  w.scalar<int64_t>(c.micro_batch);
   const LrSchedule& s = c.schedule;
   w.string(s.kind);
   w.scalar<float>(s.base_lr);
@@ -418,9 +419,9 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& 
   uint64_t payload = 0;
   std::memcpy(&version, bytes.data() + 8, sizeof(version));
   std::memcpy(&payload, bytes.data() + 16, sizeof(payload));
-  if (version != kCheckpointVersion)
-    bad_file(source, fmt::format("format version {}, but this build reads version {}", version,
-                                 kCheckpointVersion));
+  if (version < kOldestCheckpointVersion || version > kCheckpointVersion)
+    bad_file(source, fmt::format("format version {}, but this build reads versions {} to {}",
+                                 version, kOldestCheckpointVersion, kCheckpointVersion));
   const uint64_t body = bytes.size() - kHeaderBytes - kTrailerBytes;
   if (payload != body)
     bad_file(source, fmt::format("the header says {} payload bytes but the file holds {}: {}",
@@ -444,6 +445,7 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& 
   c.seed = r.scalar<uint64_t>("seed");
   c.global_batch = r.scalar<int64_t>("global_batch");
   c.ranks = r.scalar<int64_t>("ranks");
+  if (version >= 2) c.micro_batch = r.scalar<int64_t>("micro_batch");
   LrSchedule& s = c.schedule;
   s.kind = r.string("schedule.kind");
   s.base_lr = r.scalar<float>("schedule.base_lr");
@@ -483,7 +485,7 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& 
     bad_file(source, fmt::format("the EMA shadow holds {} values for {} parameters",
                                  c.ema_shadow.size(), c.num_params));
   if (c.step < 0 || c.epoch < 0 || c.step_in_epoch < 0 || c.global_batch <= 0 || c.ranks <= 0 ||
-      c.optimizer_steps < 0 || c.ema_updates < 0)
+      c.micro_batch < 0 || c.optimizer_steps < 0 || c.ema_updates < 0)
     bad_file(source, "a step, epoch, batch or rank count is negative");
   if (const std::string bad = first_non_finite(c); !bad.empty())
     bad_file(source, fmt::format("{} is not finite: the run that wrote it had diverged", bad));

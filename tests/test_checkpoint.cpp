@@ -47,6 +47,7 @@ Checkpoint sample_checkpoint(int64_t step = 42) {
   c.seed = 0xdeadbeefcafeULL;
   c.global_batch = 64;
   c.ranks = 2;
+  c.micro_batch = 8;
   c.schedule.kind = "exponential";
   c.schedule.base_lr = 0.05f;
   c.schedule.decay_rate = 0.9f;
@@ -148,6 +149,7 @@ TEST_CASE("checkpoint: every field survives encode and decode bit for bit", "[ch
   CHECK(d.seed == c.seed);
   CHECK(d.global_batch == c.global_batch);
   CHECK(d.ranks == c.ranks);
+  CHECK(d.micro_batch == c.micro_batch);
   CHECK(d.schedule.kind == c.schedule.kind);
   CHECK(d.schedule.base_lr == c.schedule.base_lr);
   CHECK(d.schedule.decay_rate == c.schedule.decay_rate);
@@ -162,6 +164,34 @@ TEST_CASE("checkpoint: every field survives encode and decode bit for bit", "[ch
   CHECK(d.optimizer_state == c.optimizer_state);
   CHECK(d.ema_decay == c.ema_decay);
   CHECK(d.ema_updates == c.ema_updates);
+  CHECK(d.ema_shadow == c.ema_shadow);
+}
+
+// A version 1 file is a version 2 file without the micro-batch: earlier builds' checkpoints
+// still resume, as checkpoints of the default mode.
+TEST_CASE("checkpoint: a version 1 file (no micro-batch) is still read", "[checkpoint]") {
+  const Checkpoint c = sample_checkpoint();
+  std::vector<uint8_t> bytes = encode_checkpoint(c);
+  bytes.resize(bytes.size() - sizeof(uint64_t));  // the checksum, recomputed below
+  // header, two strings (length + bytes), then seven 8-byte scalars up to and including ranks
+  const size_t micro_batch_at = 24 + 8 + c.model.size() + 8 + c.layers.size() + 7 * 8;
+  int64_t recorded = 0;
+  std::memcpy(&recorded, bytes.data() + micro_batch_at, sizeof(recorded));
+  REQUIRE(recorded == c.micro_batch);  // the offset is right
+  bytes.erase(bytes.begin() + static_cast<std::ptrdiff_t>(micro_batch_at),
+              bytes.begin() + static_cast<std::ptrdiff_t>(micro_batch_at + sizeof(int64_t)));
+  const uint32_t version = 1;
+  std::memcpy(bytes.data() + 8, &version, sizeof(version));
+  const uint64_t payload = bytes.size() - 24;
+  std::memcpy(bytes.data() + 16, &payload, sizeof(payload));
+  const uint64_t checksum = hash_bytes(bytes.data(), bytes.size());
+  const auto* checksum_bytes = reinterpret_cast<const uint8_t*>(&checksum);
+  bytes.insert(bytes.end(), checksum_bytes, checksum_bytes + sizeof(checksum));
+  const Checkpoint d = decode_checkpoint(bytes, "v1.rtckpt");
+  CHECK(d.micro_batch == 0);
+  CHECK(d.ranks == c.ranks);
+  CHECK(d.schedule.kind == c.schedule.kind);
+  CHECK(d.params == c.params);
   CHECK(d.ema_shadow == c.ema_shadow);
 }
 
@@ -193,8 +223,11 @@ TEST_CASE("checkpoint: a bad file is refused with a message that says what is wr
   }
   SECTION("another format version") {
     std::vector<uint8_t> future = good;
-    future[8] = 2;
-    CHECK_THAT(decode_error(future), Contains("format version 2"));
+    future[8] = kCheckpointVersion + 1;
+    CHECK_THAT(decode_error(future), Contains("format version 3"));
+    std::vector<uint8_t> ancient = good;
+    ancient[8] = 0;
+    CHECK_THAT(decode_error(ancient), Contains("format version 0"));
   }
   SECTION("one flipped bit anywhere in the payload fails the checksum") {
     for (size_t at : {size_t{24}, size_t{100}, good.size() / 2, good.size() - 9}) {

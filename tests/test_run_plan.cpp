@@ -217,13 +217,33 @@ TEST_CASE("plan: --reproducible shares whole micro-shards and always sums them e
   }
   // A resume on another rank count keeps the checkpoint's global batch; another one is refused.
   o.global_batch_size = 96;
-  const ResumePoint at_20{.step = 20, .global_batch = 96, .ranks = 4};
+  const ResumePoint at_20{.step = 20, .global_batch = 96, .ranks = 4, .micro_batch = 8};
   const RunPlan resumed = plan_run(o, one_node(3), at_20);
   CHECK(resumed.start_step == 20);
   CHECK(resumed.local_micro_shards == 4);
   CHECK_THAT(resumed.resume_note, Catch::Contains("the bits of an uninterrupted run"));
   const ResumePoint other{.step = 20, .global_batch = 128, .ranks = 4};
   CHECK(code_of([&] { plan_run(o, one_node(4), other); }) != ExitCode::kOk);
+  // The checkpoint's --micro-batch must be kept: another one would change every later step.
+  const ResumePoint& at_20_m8 = at_20;
+  Options m16 = o;
+  m16.micro_batch = 16;
+  try {
+    plan_run(m16, one_node(3), at_20_m8);
+    FAIL("a resume changed --micro-batch 8 to 16");
+  } catch (const Error& error) {
+    CHECK(error.code() == ExitCode::kBadInput);
+    CHECK_THAT(error.what(), Catch::Contains("pass --micro-batch 8"));
+  }
+  // Across modes the resume goes on, and says what the bits are.
+  const ResumePoint default_mode{.step = 20, .global_batch = 96, .ranks = 2};
+  const RunPlan from_default = plan_run(o, one_node(4), default_mode);
+  CHECK_THAT(from_default.resume_note, Catch::Contains("written without --reproducible"));
+  CHECK_THAT(from_default.resume_note, !Catch::Contains("the bits of an uninterrupted run"));
+  Options plain;
+  CHECK_THAT(plan_run(plain, one_node(4), at_20_m8).resume_note,
+             Catch::Contains("written under --reproducible --micro-batch 8"));
+  CHECK(plan_run(o, one_node(4), at_20_m8).resume_note.empty());
 }
 
 TEST_CASE("flag rules: what --reproducible refuses, and --device auto means cpu", "[run_plan]") {

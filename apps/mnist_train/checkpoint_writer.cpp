@@ -18,6 +18,7 @@ CheckpointHeader checkpoint_header(const Options& o, const Model& model, const R
                           .seed = o.seed,
                           .global_batch = plan.global_batch,
                           .ranks = ranks,
+                          .micro_batch = o.reproducible ? o.micro_batch : 0,
                           .schedule = plan.schedule,
                           .optimizer = optimizer};
 }
@@ -32,6 +33,7 @@ Checkpoint checkpoint_at(const CheckpointHeader& header, int64_t step) {
                     .seed = header.seed,
                     .global_batch = header.global_batch,
                     .ranks = header.ranks,
+                    .micro_batch = header.micro_batch,
                     .schedule = header.schedule,
                     .optimizer = header.optimizer};
 }

@@ -522,7 +522,8 @@ int run(Options o, MpiComm& comm) {
       o, shape,
       resumed ? std::optional<ResumePoint>(ResumePoint{.step = resumed->step,
                                                        .global_batch = resumed->global_batch,
-                                                       .ranks = resumed->ranks})
+                                                       .ranks = resumed->ranks,
+                                                       .micro_batch = resumed->micro_batch})
               : std::nullopt);
   if (!plan.resume_note.empty() && rank == chief) spdlog::warn("{}", plan.resume_note);
   o.batch_size = plan.batch_size;

@@ -40,6 +40,31 @@ int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int dat
   return global / shares;
 }
 
+// A micro-shard's gradient depends on its row count, so only a resume with the checkpoint's
+// --micro-batch continues the uninterrupted run's bits: another one is refused. A checkpoint
+// of the default mode (or of a build that did not record m) resumes under --reproducible, and
+// one of --reproducible resumes in the default mode; the log says what that run's bits are.
+void check_resumed_micro_batch(const Options& o, const ResumePoint& resumed) {
+  if (o.reproducible && resumed.micro_batch > 0 && resumed.micro_batch != o.micro_batch)
+    refuse(fmt::format("the checkpoint at step {} trained under --reproducible with "
+                       "--micro-batch {}; --micro-batch {} would change the bits of every later "
+                       "step: pass --micro-batch {}",
+                       resumed.step, resumed.micro_batch, o.micro_batch, resumed.micro_batch));
+}
+
+// What a resume across modes means for the bits, or "" when the mode is the checkpoint's.
+std::string resumed_mode_note(const Options& o, const ResumePoint& resumed) {
+  if (o.reproducible && resumed.micro_batch == 0)
+    return fmt::format("the checkpoint at step {} was written without --reproducible: the steps "
+                       "from here on do not depend on the rank count, the {} before did",
+                       resumed.step, resumed.step);
+  if (!o.reproducible && resumed.micro_batch > 0)
+    return fmt::format("the checkpoint at step {} was written under --reproducible "
+                       "--micro-batch {}; without it, this run's bits depend on the rank count",
+                       resumed.step, resumed.micro_batch);
+  return {};
+}
+
 // --global-batch-size: each data rank's share of each pass, refused (exit 2) when the ranks
 // and passes cannot share it evenly or --batch-size says otherwise.
 int64_t shared_batch_size(const Options& o, int data_ranks) {
@@ -104,6 +129,7 @@ RunPlan plan_run(const Options& options, const JobShape& job,
     o.batch_size_given = true;
   }
   if (resumed) {
+    check_resumed_micro_batch(o, *resumed);
     o.batch_size = resumed_batch_size(o, *resumed, job.data_ranks);
     plan.start_step = resumed->step;
     if (resumed->ranks != job.data_ranks)
@@ -111,10 +137,14 @@ RunPlan plan_run(const Options& options, const JobShape& job,
           "resuming a {}-rank checkpoint on {} ranks: --batch-size {} per rank keeps the "
           "global batch of {} and the data order {}",
           resumed->ranks, job.data_ranks, o.batch_size, resumed->global_batch,
-          o.reproducible ? "(--reproducible: and the bits of an uninterrupted run)"
+          o.reproducible && resumed->micro_batch == o.micro_batch
+              ? "(--reproducible: and the bits of an uninterrupted run)"
                          : fmt::format("(the sums run in another order, so the bits differ "
                                        "from a {}-rank run)",
                                        resumed->ranks));
+    const std::string mode_note = resumed_mode_note(o, *resumed);
+    if (!mode_note.empty())
+      plan.resume_note += (plan.resume_note.empty() ? "" : "; ") + mode_note;
   }
   // --batch-size, --epochs and --warmup-epochs against this job (exit 2): nothing below
   // overflows, and an epoch has at least one step.

@@ -28,7 +28,8 @@ struct JobShape {
 struct ResumePoint {
   int64_t step = 0;
   int64_t global_batch = 0;
-  int64_t ranks = 1;  // the data ranks that wrote it
+  int64_t ranks = 1;        // the data ranks that wrote it
+  int64_t micro_batch = 0;  // its --reproducible --micro-batch; 0 without --reproducible
 };
 
 struct RunPlan {
@@ -49,7 +50,8 @@ struct RunPlan {
   bool average_gradients = false;
   GradSyncConfig grad_sync;
   std::string overlap_reason;  // for the log: why grad_sync.overlap is what it is
-  // Set when the checkpoint was written by another rank count: the line the chief warns with.
+  // Set when the checkpoint was written by another rank count or in the other mode (with or
+  // without --reproducible): the line the chief warns with.
   std::string resume_note;
 };
 

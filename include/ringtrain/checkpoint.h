@@ -1,6 +1,6 @@
 // Checkpoints: everything a run needs to continue exactly where it stopped.
 //
-// File layout (little-endian), version 1:
+// File layout (little-endian), version 2 (version 1, which lacks micro_batch, is still read):
 //   bytes 0-7    magic "RTCKPT\r\n" (the CR LF catches text-mode transfers that rewrite it)
 //   bytes 8-11   format version (uint32)
 //   bytes 12-15  reserved, 0
@@ -35,7 +35,10 @@
 
 namespace ringtrain {
 
-inline constexpr uint32_t kCheckpointVersion = 1;
+inline constexpr uint32_t kCheckpointVersion = 2;
+// The oldest version decode_checkpoint() still reads: a checkpoint saved by an earlier build
+// keeps its worth.
+inline constexpr uint32_t kOldestCheckpointVersion = 1;
 
 struct Checkpoint {
   // What it belongs to: resuming into another model is refused.
@@ -51,6 +54,9 @@ struct Checkpoint {
   uint64_t seed = 0;
   int64_t global_batch = 0;  // samples per step over all ranks
   int64_t ranks = 0;         // rank count of the run that wrote it
+  // --reproducible's --micro-batch, 0 for the default mode (and in a version 1 file): a
+  // resume must keep it for the uninterrupted run's bits.
+  int64_t micro_batch = 0;
   // The learning-rate schedule as the run used it; its state is `step`.
   LrSchedule schedule;
   std::vector<float> params;  // [num_params]
