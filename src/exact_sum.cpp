@@ -76,6 +76,13 @@ void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
   }
 }
 
+std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segments) {
+  std::vector<GradRange> sorted(segments.begin(), segments.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const GradRange& a, const GradRange& b) { return a.begin < b.begin; });
+  return sorted;
+}
+
 ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments,
                            int64_t micro_shards, int64_t local_micro_shards,
                            const RingOptions& ring)
@@ -87,9 +94,7 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   RINGTRAIN_CHECK(local_micro_shards >= 1 && micro_shards == local_micro_shards * comm.size(),
                   "{} micro-shards cannot be shared as {} on each of {} ranks", micro_shards,
                   local_micro_shards, comm.size());
-  segments_.assign(segments.begin(), segments.end());
-  std::sort(segments_.begin(), segments_.end(),
-            [](const GradRange& a, const GradRange& b) { return a.begin < b.begin; });
+  segments_ = segments_in_buffer_order(segments);
   int64_t total = 0;
   for (const GradRange& segment : segments_) {
     RINGTRAIN_CHECK(segment.begin == total && segment.end > segment.begin,
@@ -134,40 +139,28 @@ void ExactGradSum::finish_step() const {
                   averaged_, sums_.size());
 }
 
-void ExactGradSum::average(int64_t begin, int64_t end) {
+std::span<const float> ExactGradSum::values(int64_t shard, const GradRange& segment) const {
+  const float* base = shard < kept_ ? kept_grads_[static_cast<size_t>(shard)].data() : grads_;
+  return {base + segment.begin, static_cast<size_t>(segment.end - segment.begin)};
+}
+
+void ExactGradSum::agree_and_sum(size_t first, size_t count) {
   RINGTRAIN_CHECK(kept_ + 1 == local_micro_shards_,
                   "averaging with {} micro-shard(s) kept; this rank computes {}", kept_,
                   local_micro_shards_);
-  const auto first =
-      std::lower_bound(segments_.begin(), segments_.end(), begin,
-                       [](const GradRange& segment, int64_t at) { return segment.begin < at; });
-  auto last = first;
-  while (last != segments_.end() && last->end <= end) ++last;
-  RINGTRAIN_CHECK(first != segments_.end() && first->begin == begin && last != first &&
-                      std::prev(last)->end == end,
-                  "exact average of [{}, {}): not a run of whole gradient segments", begin, end);
-  const size_t count = static_cast<size_t>(last - first);
-
-  // Every micro-shard this rank holds: the kept copies, then the buffer.
-  const auto values = [&](int64_t shard, const GradRange& segment) {
-    const float* base = shard < kept_ ? kept_grads_[static_cast<size_t>(shard)].data() : grads_;
-    return std::span<const float>(base + segment.begin,
-                                  static_cast<size_t>(segment.end - segment.begin));
-  };
-  const auto first_index = static_cast<size_t>(first - segments_.begin());
   bounds_.resize(count);
   for (size_t s = 0; s < count; ++s)  // the kept micro-shards' bounds are known: add the last's
-    bounds_[s] = std::max(kept_ > 0 ? kept_bounds_[first_index + s] : kAllZeroBound,
-                          exponent_bound(values(kept_, first[s])));
+    bounds_[s] = std::max(kept_ > 0 ? kept_bounds_[first + s] : kAllZeroBound,
+                          exponent_bound(values(kept_, segments_[first + s])));
   all_bounds_.resize(count * static_cast<size_t>(comm_.size()));
   comm_.allgather(bounds_.data(), all_bounds_.data(), count * sizeof(int));
   for (int r = 0; r < comm_.size(); ++r)  // every rank's, this one's included: the job's bound
     for (size_t s = 0; s < count; ++s)
       bounds_[s] = std::max(bounds_[s], all_bounds_[static_cast<size_t>(r) * count + s]);
 
-  std::fill(sums_.begin() + begin, sums_.begin() + end, 0);
   for (size_t s = 0; s < count; ++s) {
-    const GradRange& segment = first[s];
+    const GradRange& segment = segments_[first + s];
+    std::fill(sums_.begin() + segment.begin, sums_.begin() + segment.end, 0);
     if (bounds_[s] == kAllZeroBound || bounds_[s] == kNonFiniteBound) continue;
     const int shift = fixed_point_shift(bounds_[s], micro_shards_);
     // Block by block, every micro-shard into the block's sums: the sums stay in the L1 cache
@@ -183,6 +176,19 @@ void ExactGradSum::average(int64_t begin, int64_t end) {
     }
   }
   comm_.board().progress();
+}
+
+void ExactGradSum::average(int64_t begin, int64_t end) {
+  const auto first =
+      std::lower_bound(segments_.begin(), segments_.end(), begin,
+                       [](const GradRange& segment, int64_t at) { return segment.begin < at; });
+  auto last = first;
+  while (last != segments_.end() && last->end <= end) ++last;
+  RINGTRAIN_CHECK(first != segments_.end() && first->begin == begin && last != first &&
+                      std::prev(last)->end == end,
+                  "exact average of [{}, {}): not a run of whole gradient segments", begin, end);
+  const auto count = static_cast<size_t>(last - first);
+  agree_and_sum(static_cast<size_t>(first - segments_.begin()), count);
   ring_allreduce_sum(comm_, sums_.data() + begin, static_cast<size_t>(end - begin), scratch_,
                      ring_);
   for (size_t s = 0; s < count; ++s) {
@@ -199,6 +205,19 @@ void ExactGradSum::average(int64_t begin, int64_t end) {
     }
   }
   averaged_ += end - begin;
+}
+
+bool ExactGradSum::local_sums(std::span<int> shifts) {
+  RINGTRAIN_CHECK(shifts.size() == segments_.size(), "{} shifts for {} gradient segments",
+                  shifts.size(), segments_.size());
+  agree_and_sum(0, segments_.size());
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    if (bounds_[s] == kNonFiniteBound) return false;
+    // An all-zero segment sums to zeros, which convert back to zeros at any scale.
+    shifts[s] = bounds_[s] == kAllZeroBound ? 0 : fixed_point_shift(bounds_[s], micro_shards_);
+  }
+  averaged_ = static_cast<int64_t>(sums_.size());
+  return true;
 }
 
 namespace {

@@ -10,7 +10,11 @@
 #  (d) a rank count that cannot share the micro-shards, and flags the guarantee cannot keep,
 #      are refused with exit 2 and a message naming the flag;
 #  (e) --accumulate-steps K (K passes of G / K per optimizer step) gives the bits of one pass
-#      of G: np x K = 1 x 4, 2 x 2 and 3 x 2.
+#      of G: np x K = 1 x 4, 2 x 2 and 3 x 2;
+#  (f) --strategy ps --ps-mode sync gives the ring's bits: 1 server and 2 workers, 2 servers
+#      and 3 workers (mlp), 1 server and 2 workers (cnn with Adam); asynchronous servers and
+#      backup workers are refused;
+#  (g) a resume with another --micro-batch than the checkpoint's is refused (exit 3).
 # Usage: reproducible_test.sh MPIRUN MNIST_TRAIN NUMPROC_FLAG [MPIRUN FLAGS...]
 set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
@@ -85,8 +89,12 @@ refused "--micro-batch without --reproducible" 1 "--micro-batch is a flag of --r
   --micro-batch 4
 refused "a global batch that is not whole micro-shards" 1 "not a whole number of --micro-batch" \
   --reproducible --global-batch-size 100 --micro-batch 8
-refused "--reproducible under --strategy local-sgd" 2 "--strategy ring only" "${repro[@]}" \
+refused "--reproducible under --strategy local-sgd" 2 "--strategy ring or ps" "${repro[@]}" \
   --strategy local-sgd
+refused "--reproducible with asynchronous servers" 3 "needs --ps-mode sync" "${repro[@]}" \
+  --strategy ps --ps-mode async
+refused "--reproducible with backup workers" 4 "would leave out the gradients of the slowest 1" \
+  "${repro[@]}" --strategy ps --replicas-to-aggregate 2
 refused "--global-batch-size that 5 ranks cannot share" 5 "cannot be shared evenly by 5" \
   --global-batch-size 96
 refused "--accumulate-steps under --strategy ps" 2 "a flag of --strategy ring and local-sgd" \
@@ -103,5 +111,27 @@ for config in "1 4" "2 2" "3 2"; do
 done
 has acc2x2 "40 steps" && has acc2x2 "optimizer steps of 2 passes each" ||
   fail "(e) the summary does not count optimizer steps of 2 passes: $(grep summary acc2x2.log)"
+
+# ---- (f) parameter servers in sync mode: the ring's bits ----
+for config in "3 1" "5 2"; do
+  read -r np servers <<<"$config"
+  name="ps${np}_$servers"
+  run "$name" 180 "$np" "${mlp[@]}" --strategy ps --num-ps "$servers" --save-params "$name.bin" &&
+    ok "$name" &&
+    same "(f) mlp: $servers server(s) and $((np - servers)) workers equal the ring on 1 rank" \
+      mlp1.bin "$name.bin"
+done
+run ps_cnn 240 3 "${cnn[@]}" --strategy ps --num-ps 1 --save-params ps_cnn.bin && ok ps_cnn &&
+  same "(f) cnn with Adam: 1 server and 2 workers equal the ring on 1 rank" cnn1.bin ps_cnn.bin
+
+# ---- (g) a resume must keep --micro-batch ----
+other_m=("${mlp[@]}")
+other_m[4]=4  # repro's --micro-batch 8 becomes 4
+run other_m 60 2 "${other_m[@]}" --checkpoint-dir "$work/ck3"
+if [ "$status" -eq 3 ] && has other_m "pass --micro-batch 8"; then
+  pass "(g) a resume with another --micro-batch: exit 3"
+else
+  fail "(g) a resume with another --micro-batch: exit $status: $(tail -n 3 other_m.log)"
+fi
 
 finish reproducible

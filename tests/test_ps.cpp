@@ -24,6 +24,7 @@
 #include <catch2/catch.hpp>
 
 #include "ringtrain/check.h"
+#include "ringtrain/exact_sum.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
 #include "ringtrain/ps.h"
@@ -31,6 +32,8 @@
 namespace {
 
 using Catch::Matchers::Contains;
+using ringtrain::from_fixed_point;
+using ringtrain::GradRange;
 using ringtrain::kStalenessBins;
 using ringtrain::make_optimizer;
 using ringtrain::OptimizerConfig;
@@ -39,6 +42,7 @@ using ringtrain::PsMode;
 using ringtrain::ShardRange;
 using ringtrain::ShardServer;
 using ringtrain::ShardServerConfig;
+using ringtrain::split_segments;
 
 // ---- helpers ----
 
@@ -734,4 +738,64 @@ TEST_CASE("parse_ps_mode and to_string round-trip; anything else names --ps-mode
   CHECK(std::string(ringtrain::to_string(PsMode::kAsync)) == "async");
   REQUIRE_THROWS_WITH(ringtrain::parse_ps_mode("Sync"), Contains("--ps-mode"));
   REQUIRE_THROWS_WITH(ringtrain::parse_ps_mode(""), Contains("--ps-mode"));
+}
+
+TEST_CASE("split_segments: a segment that straddles two shards gives each its part", "[ps]") {
+  // Shards cut at tensors [0, 6) [6, 10); segments [0, 4) [4, 8) [8, 10): the second straddles.
+  const std::vector<ShardRange> shards = {{0, 6}, {6, 10}};
+  const std::vector<GradRange> segments = {{0, 0, 4}, {1, 4, 8}, {1, 8, 10}};
+  const auto pieces = split_segments(shards, segments);
+  REQUIRE(pieces.size() == 2);
+  REQUIRE(pieces[0].size() == 2);
+  CHECK(
+      (pieces[0][0].range.begin == 0 && pieces[0][0].range.end == 4 && pieces[0][0].segment == 0));
+  CHECK(
+      (pieces[0][1].range.begin == 4 && pieces[0][1].range.end == 6 && pieces[0][1].segment == 1));
+  REQUIRE(pieces[1].size() == 2);
+  CHECK(
+      (pieces[1][0].range.begin == 6 && pieces[1][0].range.end == 8 && pieces[1][0].segment == 1));
+  CHECK(
+      (pieces[1][1].range.begin == 8 && pieces[1][1].range.end == 10 && pieces[1][1].segment == 2));
+}
+
+TEST_CASE("ShardServer exact: the integer sums of every worker, converted back once", "[ps]") {
+  // Two workers, 4 micro-shards in all; one piece per half of the shard with its own shift.
+  const std::vector<float> start = {1.0f, -2.0f, 0.5f, 8.0f};
+  ShardServerConfig config{.mode = PsMode::kSync, .workers = 2, .replicas_to_aggregate = 2};
+  config.exact_pieces = {{.range = {0, 2}, .segment = 0}, {.range = {2, 4}, .segment = 1}};
+  config.exact_micro_shards = 4;
+  auto server = make_server(config, start);
+  REQUIRE(server->exact());
+  const std::vector<std::vector<int64_t>> sums = {{4, -8, 1 << 20, 3}, {12, 0, 1 << 20, 5}};
+  const std::vector<int32_t> shifts = {2, 20};
+  for (int w = 0; w < 2; ++w) {
+    const ShardServer::ExactPush buffer = server->exact_buffer(w, 0);
+    std::copy(sums[static_cast<size_t>(w)].begin(), sums[static_cast<size_t>(w)].end(),
+              buffer.sums.begin());
+    std::copy(shifts.begin(), shifts.end(), buffer.shifts.begin());
+    const auto outcome = server->push(w, 0, 1.0f);
+    CHECK(outcome.accepted);
+    CHECK(outcome.applied == (w == 1));
+  }
+  // The average: sum * 2^-shift / 4, as from_fixed_point computes it.
+  std::vector<float> mean(4);
+  const std::vector<int64_t> total = {16, -8, 2 << 20, 8};
+  from_fixed_point({total.data(), 2}, 2, 4, {mean.data(), 2});
+  from_fixed_point({total.data() + 2, 2}, 20, 4, {mean.data() + 2, 2});
+  CHECK(mean == std::vector<float>{1.0f, -0.5f, 0.5f, 2.0f / (1 << 20)});
+  std::vector<float> expected(4);
+  for (size_t i = 0; i < 4; ++i) expected[i] = start[i] - mean[i];
+  CHECK(to_vector(server->params()) == expected);
+  // Workers that disagree on a scale are a bug, said as one.
+  for (int w = 0; w < 2; ++w) {
+    const ShardServer::ExactPush buffer = server->exact_buffer(w, 1);
+    std::fill(buffer.sums.begin(), buffer.sums.end(), 0);
+    buffer.shifts[0] = w == 0 ? 2 : 3;
+    buffer.shifts[1] = 20;
+    if (w == 0) {
+      server->push(w, 1, 1.0f);
+    } else {
+      CHECK_THROWS_WITH(server->push(w, 1, 1.0f), Contains("other fixed-point scales"));
+    }
+  }
 }

@@ -265,7 +265,21 @@ TEST_CASE("flag rules: what --reproducible refuses, and --device auto means cpu"
   CHECK(refused([](Options& o) { o.allreduce = AllreduceAlgorithm::kLibrary; }));
   CHECK(refused([](Options& o) { o.lr_scaling = LrScaling::kLinear; }));
   CHECK(refused([](Options& o) { o.strategy = Strategy::kLocalSgd; }));
-  CHECK(refused([](Options& o) { o.strategy = Strategy::kParameterServers; }));
+  // Parameter servers: in sync mode with every worker's gradients only.
+  Options ps = base;
+  ps.strategy = Strategy::kParameterServers;
+  ps.num_ps = 1;
+  check_flag_combinations(ps, 4);
+  CHECK(refused([](Options& o) {
+    o.strategy = Strategy::kParameterServers;
+    o.num_ps = 1;
+    o.ps_mode = PsMode::kAsync;
+  }));
+  CHECK(refused([](Options& o) {
+    o.strategy = Strategy::kParameterServers;
+    o.num_ps = 1;
+    o.replicas_to_aggregate = 2;  // of 3 workers
+  }));
   Options plain;  // --micro-batch belongs to --reproducible
   plain.flags_given = {"--micro-batch"};
   CHECK(code_of([&] { check_flag_combinations(plain, 1); }) == ExitCode::kUsage);

@@ -25,8 +25,8 @@ struct CheckpointHeader {
   int64_t steps_per_epoch = 1;
   uint64_t seed = 0;
   int64_t global_batch = 0;
-  int ranks = 1;             // the data ranks
-  int64_t micro_batch = 0;   // --reproducible's --micro-batch; 0 without it
+  int ranks = 1;            // the data ranks
+  int64_t micro_batch = 0;  // --reproducible's --micro-batch; 0 without it
   LrSchedule schedule;
   std::string optimizer;
 };

@@ -21,11 +21,15 @@ namespace {
 // --reproducible: what its guarantee needs of the other flags.
 void check_reproducible_flags(Options& o) {
   if (!o.reproducible) return;
-  if (o.strategy != Strategy::kRing)
+  if (o.strategy == Strategy::kLocalSgd)
     refuse_usage(
-        fmt::format("--reproducible runs with --strategy ring only (this run: --strategy "
-                    "{}); the parameter servers' and local SGD's sums are not exact yet",
-                    to_string(o.strategy)));
+        "--reproducible runs with --strategy ring or ps; local SGD's parameter averages are "
+        "not exact yet");
+  // Which gradients an update takes must not depend on timing: every worker's, every step.
+  if (o.strategy == Strategy::kParameterServers && o.ps_mode != PsMode::kSync)
+    refuse_usage(
+        "--reproducible with --strategy ps needs --ps-mode sync: an asynchronous "
+        "server applies gradients in the order they arrive");
   if (o.global_batch_size == 0)
     refuse_usage(
         "--reproducible needs --global-batch-size: the result is the same for any rank count "
@@ -138,6 +142,11 @@ void check_flag_combinations(Options& o, int ranks) {
           fmt::format("--replicas-to-aggregate {} is more than the {} worker(s) ({} ranks - "
                       "--num-ps {})",
                       o.replicas_to_aggregate, workers, ranks, o.num_ps));
+    if (o.reproducible && o.replicas_to_aggregate > 0 && o.replicas_to_aggregate != workers)
+      refuse_usage(fmt::format(
+          "--reproducible: --replicas-to-aggregate {} would leave out the gradients of the "
+          "slowest {} worker(s), whichever they are: leave it out (every worker's, {})",
+          o.replicas_to_aggregate, workers - o.replicas_to_aggregate, workers));
     if (o.check_finite) refuse_usage("--check-finite is not supported with --strategy ps yet");
     if (!o.timeline.empty())
       refuse_usage(

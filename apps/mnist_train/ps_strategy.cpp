@@ -22,6 +22,7 @@
 #include "resume.h"
 #include "ringtrain/check.h"
 #include "ringtrain/distributed.h"
+#include "ringtrain/exact_sum.h"
 #include "ringtrain/log.h"
 #include "ringtrain/ps_mpi.h"
 #include "ringtrain/report.h"
@@ -84,6 +85,9 @@ struct Exchange {
   std::vector<uint8_t>& push;
   std::vector<uint8_t>& accepted;
   RankReport& report;
+  // --reproducible: the micro-shards' fixed-point sums are pushed instead of `grads`.
+  const ExactGradSum* exact = nullptr;
+  std::span<const int> shifts;
 };
 
 // Sync: every server gets the gradients for the oldest version this worker holds, the step it
@@ -92,7 +96,12 @@ struct Exchange {
 int64_t exchange_sync(Exchange& x, float lr, int64_t step) {
   std::fill(x.versions.begin(), x.versions.end(), step);
   const auto start = Clock::now();
-  x.client.push_pull(x.grads, x.params, x.versions, x.push, x.accepted, lr, step);
+  if (x.exact != nullptr) {
+    x.client.push_pull_exact(x.exact->sums(), x.shifts, x.params, x.versions, x.push, x.accepted,
+                             lr, step);
+  } else {
+    x.client.push_pull(x.grads, x.params, x.versions, x.push, x.accepted, lr, step);
+  }
   x.report.wait_ms += ms_since(start);
   ++x.report.rounds;
   const bool all_taken =
@@ -173,6 +182,16 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   Batch batch, eval_scratch;
   StepWorkspace workspace;
   workspace.board = &world.board();
+  // --reproducible: micro-shards summed exactly; the scales are agreed among the workers and
+  // the servers add the sums as integers (ps.h).
+  std::optional<ExactGradSum> exact;
+  std::vector<int> shifts;
+  if (o.reproducible) {
+    exact.emplace(workers_comm, model.grads().data(), model.grad_ranges(), setup.plan.micro_shards,
+                  setup.plan.local_micro_shards);
+    workspace.exact_sum = &*exact;
+    shifts.resize(exact->segments().size());
+  }
   WorkerResult result;
   TrainWindow window;
   int64_t rejections_in_a_row = 0;
@@ -207,6 +226,12 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       model.forward(batch.images, ctx);
       world.board().progress();
     }
+    // Collective over the workers, before anything that one worker alone may throw for.
+    if (exact && !exact->local_sums(shifts))
+      throw Error(fmt::format("step {}: a gradient became NaN or infinite on some worker: lower "
+                              "--lr (now {}) or check the data",
+                              step, lr),
+                  ExitCode::kNonFinite, /*on_every_rank=*/true);
     report.compute_ms += ms_since(start);
     if (!std::isfinite(stats.loss))
       throw Error(fmt::format("worker {} (rank {}): the loss became {} at step {}: lower --lr "
@@ -215,7 +240,15 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
                   ExitCode::kNonFinite);
     const int64_t before = job_step;
     world.board().set_phase(kPsPhase);
-    Exchange exchange{client, grads, params, versions, push, accepted, report};
+    Exchange exchange{.client = client,
+                      .grads = grads,
+                      .params = params,
+                      .versions = versions,
+                      .push = push,
+                      .accepted = accepted,
+                      .report = report,
+                      .exact = exact ? &*exact : nullptr,
+                      .shifts = shifts};
     if (plan.mode == PsMode::kSync) {
       step = job_step = exchange_sync(exchange, lr, step);
     } else {
@@ -279,7 +312,11 @@ void serve(const Options& o, const StrategySetup& setup, const PsPlan& plan, PsC
   ShardServer shard({.mode = plan.mode,
                      .workers = plan.layout.workers,
                      .replicas_to_aggregate = plan.aggregate,
-                     .max_staleness = plan.max_staleness},
+                     .max_staleness = plan.max_staleness,
+                     .exact_pieces = plan.layout.exact_pieces.empty()
+                                         ? std::vector<SegmentPiece>{}
+                                         : plan.layout.exact_pieces[static_cast<size_t>(server)],
+                     .exact_micro_shards = setup.plan.micro_shards},
                     range, make_optimizer(o.optimizer, range.size()));
   std::vector<std::vector<float>> state;
   int64_t optimizer_steps = 0;
@@ -441,8 +478,14 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
                          .servers = servers,
                          .shards = {},
                          .optimizer_buffers = static_cast<int>(probe->state().size())};
+  if (o.reproducible && plan.aggregate != workers)  // check_flag_combinations refuses it
+    throw Error("--reproducible aggregates every worker's gradients", ExitCode::kUsage,
+                /*on_every_rank=*/true);
   try {
     plan.layout.shards = plan_shards(tensor_sizes(model), servers);
+    if (o.reproducible)
+      plan.layout.exact_pieces =
+          split_segments(plan.layout.shards, segments_in_buffer_order(model.grad_ranges()));
   } catch (const Error& error) {  // every rank has the same model and flags: tell it once
     throw Error(error.what(), ExitCode::kUsage, /*on_every_rank=*/true);
   }

@@ -46,22 +46,25 @@ int64_t resumed_batch_size(const Options& o, const ResumePoint& resumed, int dat
 // one of --reproducible resumes in the default mode; the log says what that run's bits are.
 void check_resumed_micro_batch(const Options& o, const ResumePoint& resumed) {
   if (o.reproducible && resumed.micro_batch > 0 && resumed.micro_batch != o.micro_batch)
-    refuse(fmt::format("the checkpoint at step {} trained under --reproducible with "
-                       "--micro-batch {}; --micro-batch {} would change the bits of every later "
-                       "step: pass --micro-batch {}",
-                       resumed.step, resumed.micro_batch, o.micro_batch, resumed.micro_batch));
+    refuse(
+        fmt::format("the checkpoint at step {} trained under --reproducible with "
+                    "--micro-batch {}; --micro-batch {} would change the bits of every later "
+                    "step: pass --micro-batch {}",
+                    resumed.step, resumed.micro_batch, o.micro_batch, resumed.micro_batch));
 }
 
 // What a resume across modes means for the bits, or "" when the mode is the checkpoint's.
 std::string resumed_mode_note(const Options& o, const ResumePoint& resumed) {
   if (o.reproducible && resumed.micro_batch == 0)
-    return fmt::format("the checkpoint at step {} was written without --reproducible: the steps "
-                       "from here on do not depend on the rank count, the {} before did",
-                       resumed.step, resumed.step);
+    return fmt::format(
+        "the checkpoint at step {} was written without --reproducible: the steps "
+        "from here on do not depend on the rank count, the {} before did",
+        resumed.step, resumed.step);
   if (!o.reproducible && resumed.micro_batch > 0)
-    return fmt::format("the checkpoint at step {} was written under --reproducible "
-                       "--micro-batch {}; without it, this run's bits depend on the rank count",
-                       resumed.step, resumed.micro_batch);
+    return fmt::format(
+        "the checkpoint at step {} was written under --reproducible "
+        "--micro-batch {}; without it, this run's bits depend on the rank count",
+        resumed.step, resumed.micro_batch);
   return {};
 }
 
@@ -139,12 +142,11 @@ RunPlan plan_run(const Options& options, const JobShape& job,
           resumed->ranks, job.data_ranks, o.batch_size, resumed->global_batch,
           o.reproducible && resumed->micro_batch == o.micro_batch
               ? "(--reproducible: and the bits of an uninterrupted run)"
-                         : fmt::format("(the sums run in another order, so the bits differ "
-                                       "from a {}-rank run)",
-                                       resumed->ranks));
+              : fmt::format("(the sums run in another order, so the bits differ "
+                            "from a {}-rank run)",
+                            resumed->ranks));
     const std::string mode_note = resumed_mode_note(o, *resumed);
-    if (!mode_note.empty())
-      plan.resume_note += (plan.resume_note.empty() ? "" : "; ") + mode_note;
+    if (!mode_note.empty()) plan.resume_note += (plan.resume_note.empty() ? "" : "; ") + mode_note;
   }
   // --batch-size, --epochs and --warmup-epochs against this job (exit 2): nothing below
   // overflows, and an epoch has at least one step.

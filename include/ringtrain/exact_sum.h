@@ -55,6 +55,10 @@ void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t
 void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
                       std::span<float> out);
 
+// Model::grad_ranges() sorted by their start: the order in which ExactGradSum numbers the
+// segments (its shifts, SegmentPiece::segment).
+std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segments);
+
 // The micro-shard gradients of one step, averaged exactly over the job. A rank computes its
 // micro-shards one after another in the model's gradient buffer: keep() copies each finished
 // one aside except the last, which stays in the buffer; average() then replaces [begin, end)
@@ -78,6 +82,18 @@ class ExactGradSum {
   // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
   void average(int64_t begin, int64_t end);
 
+  // The parameter servers' exact sum (--strategy ps): collective over comm (the workers), in
+  // place of average(), after keep() was called local_micro_shards - 1 times. Agrees every
+  // segment's scale with the other ranks and leaves in sums() this rank's fixed-point sum of
+  // its micro-shards over the whole buffer; shifts[s] receives segment s's shift (segments()
+  // order). A server adds the ranks' sums (integers: in any order) and converts back with
+  // from_fixed_point(sum, shift, micro_shards()): what average() computes, bit for bit.
+  // Returns false, on every rank, when some segment holds a NaN or an infinity in the job.
+  bool local_sums(std::span<int> shifts);
+  std::span<const int64_t> sums() const { return sums_; }
+  // The gradient segments in buffer order: they tile the buffer.
+  std::span<const GradRange> segments() const { return segments_; }
+
   // Throws unless this step's average() calls covered the whole buffer (a GradSync over
   // another Allreduce would leave all but the last micro-shard out, silently).
   void finish_step() const;
@@ -92,6 +108,12 @@ class ExactGradSum {
   const float* grads() const { return grads_; }
 
  private:
+  // Micro-shard `shard` of this rank (the kept copies, then the buffer), one segment of it.
+  std::span<const float> values(int64_t shard, const GradRange& segment) const;
+  // Collective: the job's bound of segments [first, first + count) into bounds_, and this
+  // rank's fixed-point sums of them into sums_.
+  void agree_and_sum(size_t first, size_t count);
+
   Comm& comm_;
   float* grads_;
   std::vector<GradRange> segments_;  // in buffer order
@@ -103,7 +125,7 @@ class ExactGradSum {
   int64_t averaged_ = 0;          // gradients averaged this step
   std::vector<int> kept_bounds_;  // per segment, over the kept micro-shards
   std::vector<int64_t> sums_;     // one per gradient
-  std::vector<int> bounds_;       // this rank's, per segment of one average() call
+  std::vector<int> bounds_;       // the job's, per segment of one agree_and_sum() call
   std::vector<int> all_bounds_;   // every rank's
   RingScratch scratch_;
 };

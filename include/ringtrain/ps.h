@@ -8,6 +8,9 @@
 //    computed for its current version; gradients computed for an older version are dropped and
 //    counted. R = workers is synchronous data-parallel SGD; R < workers leaves backup workers,
 //    so that a slow one no longer slows the job.
+//    With --reproducible (sync, R = workers) the workers push their micro-shards' fixed-point
+//    sums (exact_sum.h) instead, and the server adds them as integers: the update is the
+//    ring's exact average, the same bits for any number of workers or servers.
 //  - async: a server applies each gradient on arrival, provided it was computed on parameters
 //    at most S updates old (the staleness bound); an older one is rejected, and the worker
 //    recomputes it on the parameters the rejection carried back.
@@ -47,6 +50,18 @@ std::vector<ShardRange> plan_shards(std::span<const int64_t> tensor_sizes, int s
 // The model's tensors' sizes in buffer order (param_views sorted by offset).
 std::vector<int64_t> tensor_sizes(const Model& model);
 
+// The exact sum's unit of scale inside a shard: the part of one gradient segment (exact_sum.h)
+// that lies in the shard, and that segment's index in ExactGradSum::segments(). A segment may
+// straddle two shards (they are cut at tensors, a segment may hold a layer's weights and
+// bias); each part carries the segment's shift.
+struct SegmentPiece {
+  ShardRange range;  // absolute, within the shard
+  size_t segment = 0;
+};
+// Per shard, the pieces of `segments` (which tile the buffer in order) that lie in it.
+std::vector<std::vector<SegmentPiece>> split_segments(std::span<const ShardRange> shards,
+                                                      std::span<const GradRange> segments);
+
 // The largest staleness bin recorded; older (accepted) gradients count in the last bin.
 inline constexpr int kStalenessBins = 64;
 
@@ -68,6 +83,11 @@ struct ShardServerConfig {
   int workers = 1;
   int replicas_to_aggregate = 1;  // sync: R, 1 <= R <= workers
   int64_t max_staleness = 0;      // async: S >= 0
+  // --reproducible (sync with R = workers only): pushes are fixed-point sums with one shift
+  // per piece of this shard (split_segments), averaged exactly over `exact_micro_shards`
+  // micro-shards. Empty: float gradients.
+  std::vector<SegmentPiece> exact_pieces;
+  int64_t exact_micro_shards = 0;
 };
 
 // One shard's server, without a transport: it receives pushes and says whom to answer. The
@@ -87,6 +107,14 @@ class ShardServer {
   // current gradient straight into the worker's slot (no copy); anything else lands in a
   // scratch buffer. Valid until the next push().
   std::span<float> gradient_buffer(int worker, int64_t version);
+  // The same for an exact server (exact_pieces given): where a push's fixed-point sums (one
+  // per parameter of the shard) and its shifts (one per piece) must be received.
+  struct ExactPush {
+    std::span<int64_t> sums;
+    std::span<int32_t> shifts;
+  };
+  ExactPush exact_buffer(int worker, int64_t version);
+  bool exact() const { return !config_.exact_pieces.empty(); }
 
   struct PushOutcome {
     bool accepted = false;  // applied now or held for this version's update
@@ -111,6 +139,8 @@ class ShardServer {
 
  private:
   void apply(std::span<const float> gradient, float lr);
+  // average_ = the exact average of the pending workers' fixed-point sums.
+  void average_exactly();
 
   ShardServerConfig config_;
   ShardRange range_;
@@ -123,6 +153,10 @@ class ShardServer {
   std::vector<int> answer_;  // what PushOutcome::answer views
   std::vector<float> average_;
   std::vector<float> scratch_;  // stale sync gradients, async gradients
+  // Exact servers: per worker, the pushed sums and shifts of the current version.
+  std::vector<std::vector<int64_t>> exact_sums_;
+  std::vector<std::vector<int32_t>> exact_shifts_;
+  std::vector<int64_t> exact_total_;
   std::vector<int64_t> applied_per_worker_;
   PsServerStats stats_;
 };

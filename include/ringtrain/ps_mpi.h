@@ -8,6 +8,8 @@
 // followed, when it carries floats, by a payload message from the same buffer the data lives
 // in (MPI keeps the order of messages between one pair with one tag):
 //   worker -> server: push (the shard's gradient, its version, the learning rate), done;
+//                     an exact push (--reproducible) carries the shard's fixed-point sums
+//                     (int64) and then, in a third message, one int32 shift per piece;
 //   server -> worker: answer (accepted or not, the version, the shard's parameters);
 //   server -> chief:  snapshot (the shard's parameters and optimizer state at a version).
 // One round trip per server per step: a push is answered with the parameters to use next.
@@ -35,6 +37,9 @@ struct PsLayout {
   int servers = 1;
   std::vector<ShardRange> shards;  // one per server
   int optimizer_buffers = 0;       // state buffers per shard (0: plain SGD, 1: momentum, 2: Adam)
+  // --reproducible: per server, the gradient segments' pieces in its shard (split_segments);
+  // empty: pushes are float gradients.
+  std::vector<std::vector<SegmentPiece>> exact_pieces;
   int server_rank(int server) const { return workers + server; }
 };
 
@@ -44,7 +49,7 @@ struct PsHeader {
   int32_t sender = 0;  // worker or server index
   int64_t version = 0;
   int64_t step = 0;             // push: the worker's step; snapshot: the training step
-  int64_t count = 0;            // floats in the payload message that follows (0: none)
+  int64_t count = 0;            // values in the payload message that follows (0: none)
   int64_t optimizer_steps = 0;  // snapshot
   float lr = 0.0f;
   int32_t accepted = 0;
@@ -105,6 +110,12 @@ class PsClient {
   void push_pull(std::span<const float> grads, std::span<float> params, std::span<int64_t> versions,
                  std::span<const uint8_t> push, std::span<uint8_t> accepted, float lr,
                  int64_t step);
+  // push_pull for exact servers: shard s of the fixed-point `sums` (over the whole buffer) and
+  // the shifts of its pieces, taken from `segment_shifts` (one per gradient segment).
+  void push_pull_exact(std::span<const int64_t> sums, std::span<const int> segment_shifts,
+                       std::span<float> params, std::span<int64_t> versions,
+                       std::span<const uint8_t> push, std::span<uint8_t> accepted, float lr,
+                       int64_t step);
   // Tells every server this worker is done; returns when all workers are, with the final
   // parameters in params and the final versions in versions.
   void finish(std::span<float> params, std::span<int64_t> versions);
@@ -116,9 +127,12 @@ class PsClient {
   int64_t bytes_received() const { return bytes_received_; }
 
  private:
-  void round(std::span<const float> grads, std::span<float> params, std::span<int64_t> versions,
-             std::span<const uint8_t> push, std::span<uint8_t> accepted, float lr, int64_t step,
-             int32_t kind);
+  // One push (or done) to the servers with push[s] != 0; the payload is `grads` or, when
+  // `sums` is not empty, the exact sums and shifts.
+  void round(std::span<const float> grads, std::span<const int64_t> sums,
+             std::span<const int> segment_shifts, std::span<float> params,
+             std::span<int64_t> versions, std::span<const uint8_t> push,
+             std::span<uint8_t> accepted, float lr, int64_t step, int32_t kind);
   bool receive_snapshot_part();  // one part if one has arrived
 
   PsChannel& channel_;
@@ -126,6 +140,7 @@ class PsClient {
   int worker_;
   std::vector<PsHeader> out_, in_;  // per server
   std::vector<MPI_Request> requests_;
+  std::vector<std::vector<int32_t>> piece_shifts_;  // exact pushes: per server
   struct Partial {
     PsSnapshot snapshot;
     int parts = 0;

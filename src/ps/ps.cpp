@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "ringtrain/check.h"
+#include "ringtrain/exact_sum.h"
 
 namespace ringtrain {
 
@@ -53,6 +54,25 @@ std::vector<ShardRange> plan_shards(std::span<const int64_t> tensor_sizes, int s
   return shards;
 }
 
+std::vector<std::vector<SegmentPiece>> split_segments(std::span<const ShardRange> shards,
+                                                      std::span<const GradRange> segments) {
+  std::vector<std::vector<SegmentPiece>> pieces(shards.size());
+  size_t segment = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const ShardRange& shard = shards[s];
+    for (int64_t at = shard.begin; at < shard.end;) {
+      while (segment < segments.size() && segments[segment].end <= at) ++segment;
+      RINGTRAIN_CHECK(segment < segments.size() && segments[segment].begin <= at,
+                      "the gradient segments do not cover parameter {} of shard [{}, {})", at,
+                      shard.begin, shard.end);
+      const int64_t end = std::min(shard.end, segments[segment].end);
+      pieces[s].push_back({.range = {at, end}, .segment = segment});
+      at = end;
+    }
+  }
+  return pieces;
+}
+
 std::vector<int64_t> tensor_sizes(const Model& model) {
   std::vector<ParamView> views = model.param_views();
   std::sort(views.begin(), views.end(),
@@ -82,7 +102,27 @@ ShardServer::ShardServer(const ShardServerConfig& config, ShardRange range,
   params_.assign(size, 0.0f);
   scratch_.assign(size, 0.0f);
   applied_per_worker_.assign(static_cast<size_t>(config.workers), 0);
-  if (config.mode == PsMode::kSync) {
+  if (!config.exact_pieces.empty()) {
+    RINGTRAIN_CHECK(config.mode == PsMode::kSync &&
+                        config.replicas_to_aggregate == config.workers &&
+                        config.exact_micro_shards >= 1,
+                    "an exact parameter server aggregates every worker's sums in sync mode");
+    int64_t at = range.begin;
+    for (const SegmentPiece& piece : config.exact_pieces) {
+      RINGTRAIN_CHECK(piece.range.begin == at && piece.range.end > at,
+                      "the exact sum's pieces must tile shard [{}, {}): [{}, {}) after {}",
+                      range.begin, range.end, piece.range.begin, piece.range.end, at);
+      at = piece.range.end;
+    }
+    RINGTRAIN_CHECK(at == range.end, "the exact sum's pieces end at {}, shard [{}, {})", at,
+                    range.begin, range.end);
+    const auto workers = static_cast<size_t>(config.workers);
+    exact_sums_.assign(workers + 1, std::vector<int64_t>(size));  // the last: stale pushes
+    exact_shifts_.assign(workers + 1, std::vector<int32_t>(config.exact_pieces.size()));
+    exact_total_.assign(size, 0);
+    average_.assign(size, 0.0f);
+    pending_.reserve(workers);
+  } else if (config.mode == PsMode::kSync) {
     slots_.assign(static_cast<size_t>(config.workers), std::vector<float>(size));
     average_.assign(size, 0.0f);
     pending_.reserve(static_cast<size_t>(config.workers));
@@ -120,6 +160,7 @@ void ShardServer::start(std::span<const float> params, const std::vector<std::ve
 }
 
 std::span<float> ShardServer::gradient_buffer(int worker, int64_t version) {
+  RINGTRAIN_CHECK(!exact(), "gradient_buffer() of an exact server: its pushes are sums");
   RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}", worker);
   if (config_.mode == PsMode::kSync && version == version_) {
     // Checked here, before the transport writes over the gradient held for this version.
@@ -128,6 +169,41 @@ std::span<float> ShardServer::gradient_buffer(int worker, int64_t version) {
     return slots_[static_cast<size_t>(worker)];
   }
   return scratch_;
+}
+
+ShardServer::ExactPush ShardServer::exact_buffer(int worker, int64_t version) {
+  RINGTRAIN_CHECK(exact(), "exact_buffer() of a server of float gradients");
+  RINGTRAIN_CHECK(worker >= 0 && worker < config_.workers, "a push from unknown worker {}", worker);
+  auto slot = static_cast<size_t>(config_.workers);  // too old: received, then dropped
+  if (version == version_) {
+    RINGTRAIN_CHECK(std::find(pending_.begin(), pending_.end(), worker) == pending_.end(),
+                    "worker {} pushed twice for version {} (a bug)", worker, version);
+    slot = static_cast<size_t>(worker);
+  }
+  return {exact_sums_[slot], exact_shifts_[slot]};
+}
+
+void ShardServer::average_exactly() {
+  const std::vector<int32_t>& shifts = exact_shifts_[static_cast<size_t>(pending_[0])];
+  for (const int w : pending_) {
+    // Every worker derived the shifts from the same agreed bounds (ExactGradSum::local_sums).
+    RINGTRAIN_CHECK(exact_shifts_[static_cast<size_t>(w)] == shifts,
+                    "worker {} pushed other fixed-point scales than worker {} for version {} (a "
+                    "bug: the workers agree on them)",
+                    w, pending_[0], version_);
+  }
+  std::fill(exact_total_.begin(), exact_total_.end(), 0);
+  for (const int w : pending_) {  // integer addition: the order does not matter
+    const std::vector<int64_t>& sums = exact_sums_[static_cast<size_t>(w)];
+    for (size_t j = 0; j < exact_total_.size(); ++j) exact_total_[j] += sums[j];
+  }
+  for (size_t p = 0; p < config_.exact_pieces.size(); ++p) {
+    const ShardRange& piece = config_.exact_pieces[p].range;
+    const auto offset = static_cast<size_t>(piece.begin - range_.begin);
+    const auto size = static_cast<size_t>(piece.size());
+    from_fixed_point({exact_total_.data() + offset, size}, shifts[p], config_.exact_micro_shards,
+                     {average_.data() + offset, size});
+  }
 }
 
 void ShardServer::apply(std::span<const float> gradient, float lr) {
@@ -159,17 +235,21 @@ ShardServer::PushOutcome ShardServer::push(int worker, int64_t version, float lr
     outcome.accepted = true;
     pending_.push_back(worker);
     if (static_cast<int>(pending_.size()) < config_.replicas_to_aggregate) return outcome;
-    // The average of the R gradients, summed in worker order whatever order they came in, so
-    // that the same workers give the same bits (R = workers: a deterministic run).
     std::sort(pending_.begin(), pending_.end());
-    std::copy(slots_[static_cast<size_t>(pending_[0])].begin(),
-              slots_[static_cast<size_t>(pending_[0])].end(), average_.begin());
-    for (size_t i = 1; i < pending_.size(); ++i) {
-      const std::vector<float>& slot = slots_[static_cast<size_t>(pending_[i])];
-      for (size_t j = 0; j < average_.size(); ++j) average_[j] += slot[j];
+    if (exact()) {
+      average_exactly();
+    } else {
+      // The average of the R gradients, summed in worker order whatever order they came in,
+      // so that the same workers give the same bits (R = workers: a deterministic run).
+      std::copy(slots_[static_cast<size_t>(pending_[0])].begin(),
+                slots_[static_cast<size_t>(pending_[0])].end(), average_.begin());
+      for (size_t i = 1; i < pending_.size(); ++i) {
+        const std::vector<float>& slot = slots_[static_cast<size_t>(pending_[i])];
+        for (size_t j = 0; j < average_.size(); ++j) average_[j] += slot[j];
+      }
+      const auto divisor = static_cast<float>(pending_.size());
+      for (float& value : average_) value /= divisor;
     }
-    const auto divisor = static_cast<float>(pending_.size());
-    for (float& value : average_) value /= divisor;
     apply(average_, lr);
     stats_.aggregated += static_cast<int64_t>(pending_.size());
     for (const int w : pending_) ++applied_per_worker_[static_cast<size_t>(w)];

@@ -22,6 +22,7 @@ enum Tag : int {
   kTagAnswerPayload = 14,
   kTagSnapshot = 15,
   kTagSnapshotPayload = 16,
+  kTagToServerShifts = 17,
 };
 
 // Polls without pause this long, then sleeps between polls: servers and workers often share a
@@ -163,11 +164,23 @@ PsServerStats serve_shard(PsChannel& channel, const PsLayout& layout, int server
                     "a push of {}",
                     server, worker, in.kind, in.count, size);
     complete_answers();  // the parameters must not change under an answer in flight
-    const std::span<float> gradient = shard.gradient_buffer(worker, in.version);
-    RINGTRAIN_CHECK_MPI(MPI_Irecv(gradient.data(), size, MPI_FLOAT, worker, kTagToServerPayload,
-                                  comm, &requests[0]));
-    channel.wait_all(requests, "a pushed gradient", worker);
-    stats.bytes_received += static_cast<int64_t>(size) * 4;
+    if (shard.exact()) {
+      const ShardServer::ExactPush push = shard.exact_buffer(worker, in.version);
+      MPI_Request exact_requests[2];
+      RINGTRAIN_CHECK_MPI(MPI_Irecv(push.sums.data(), size, MPI_INT64_T, worker,
+                                    kTagToServerPayload, comm, &exact_requests[0]));
+      RINGTRAIN_CHECK_MPI(MPI_Irecv(push.shifts.data(), as_count(std::ssize(push.shifts)),
+                                    MPI_INT32_T, worker, kTagToServerShifts, comm,
+                                    &exact_requests[1]));
+      channel.wait_all(exact_requests, "a pushed fixed-point gradient sum", worker);
+      stats.bytes_received += static_cast<int64_t>(size) * 8 + std::ssize(push.shifts) * 4;
+    } else {
+      const std::span<float> gradient = shard.gradient_buffer(worker, in.version);
+      RINGTRAIN_CHECK_MPI(MPI_Irecv(gradient.data(), size, MPI_FLOAT, worker, kTagToServerPayload,
+                                    comm, &requests[0]));
+      channel.wait_all(requests, "a pushed gradient", worker);
+      stats.bytes_received += static_cast<int64_t>(size) * 4;
+    }
     const ShardServer::PushOutcome outcome = shard.push(worker, in.version, in.lr);
     channel.board().set_step(shard.version() / options.versions_per_step);
     for (const int w : outcome.answer) answer(w, w != worker || outcome.accepted);
@@ -192,9 +205,13 @@ PsClient::PsClient(PsChannel& channel, const PsLayout& layout, int worker)
       worker_(worker),
       out_(static_cast<size_t>(layout.servers)),
       in_(static_cast<size_t>(layout.servers)),
-      requests_(4 * static_cast<size_t>(layout.servers), MPI_REQUEST_NULL) {}
+      requests_(5 * static_cast<size_t>(layout.servers), MPI_REQUEST_NULL) {
+  for (const std::vector<SegmentPiece>& pieces : layout.exact_pieces)
+    piece_shifts_.emplace_back(pieces.size());
+}
 
-void PsClient::round(std::span<const float> grads, std::span<float> params,
+void PsClient::round(std::span<const float> grads, std::span<const int64_t> sums,
+                     std::span<const int> segment_shifts, std::span<float> params,
                      std::span<int64_t> versions, std::span<const uint8_t> push,
                      std::span<uint8_t> accepted, float lr, int64_t step, int32_t kind) {
   const MPI_Comm comm = channel_.handle();
@@ -208,9 +225,9 @@ void PsClient::round(std::span<const float> grads, std::span<float> params,
     const int size = as_count(range.size());
     // The answer's receives are posted before the push leaves, so a server never waits on them.
     RINGTRAIN_CHECK_MPI(
-        MPI_Irecv(&in_[si], kHeaderBytes, MPI_BYTE, rank, kTagAnswer, comm, &requests_[4 * si]));
+        MPI_Irecv(&in_[si], kHeaderBytes, MPI_BYTE, rank, kTagAnswer, comm, &requests_[5 * si]));
     RINGTRAIN_CHECK_MPI(MPI_Irecv(params.data() + range.begin, size, MPI_FLOAT, rank,
-                                  kTagAnswerPayload, comm, &requests_[4 * si + 1]));
+                                  kTagAnswerPayload, comm, &requests_[5 * si + 1]));
     out_[si] = PsHeader{.kind = kind,
                         .sender = worker_,
                         .version = versions[si],
@@ -218,11 +235,20 @@ void PsClient::round(std::span<const float> grads, std::span<float> params,
                         .count = kind == kPush ? size : 0,
                         .lr = lr};
     RINGTRAIN_CHECK_MPI(MPI_Isend(&out_[si], kHeaderBytes, MPI_BYTE, rank, kTagToServer, comm,
-                                  &requests_[4 * si + 2]));
+                                  &requests_[5 * si + 2]));
     bytes_sent_ += kHeaderBytes;
-    if (kind == kPush) {
+    if (kind == kPush && !sums.empty()) {
+      std::vector<int32_t>& shifts = piece_shifts_[si];
+      const std::vector<SegmentPiece>& pieces = layout_.exact_pieces[si];
+      for (size_t p = 0; p < pieces.size(); ++p) shifts[p] = segment_shifts[pieces[p].segment];
+      RINGTRAIN_CHECK_MPI(MPI_Isend(sums.data() + range.begin, size, MPI_INT64_T, rank,
+                                    kTagToServerPayload, comm, &requests_[5 * si + 3]));
+      RINGTRAIN_CHECK_MPI(MPI_Isend(shifts.data(), as_count(std::ssize(shifts)), MPI_INT32_T, rank,
+                                    kTagToServerShifts, comm, &requests_[5 * si + 4]));
+      bytes_sent_ += static_cast<int64_t>(size) * 8 + std::ssize(shifts) * 4;
+    } else if (kind == kPush) {
       RINGTRAIN_CHECK_MPI(MPI_Isend(grads.data() + range.begin, size, MPI_FLOAT, rank,
-                                    kTagToServerPayload, comm, &requests_[4 * si + 3]));
+                                    kTagToServerPayload, comm, &requests_[5 * si + 3]));
       bytes_sent_ += static_cast<int64_t>(size) * 4;
     }
   }
@@ -245,13 +271,23 @@ void PsClient::round(std::span<const float> grads, std::span<float> params,
 void PsClient::push_pull(std::span<const float> grads, std::span<float> params,
                          std::span<int64_t> versions, std::span<const uint8_t> push,
                          std::span<uint8_t> accepted, float lr, int64_t step) {
-  round(grads, params, versions, push, accepted, lr, step, kPush);
+  RINGTRAIN_CHECK(layout_.exact_pieces.empty(), "exact servers take push_pull_exact()");
+  round(grads, {}, {}, params, versions, push, accepted, lr, step, kPush);
+}
+
+void PsClient::push_pull_exact(std::span<const int64_t> sums, std::span<const int> segment_shifts,
+                               std::span<float> params, std::span<int64_t> versions,
+                               std::span<const uint8_t> push, std::span<uint8_t> accepted, float lr,
+                               int64_t step) {
+  RINGTRAIN_CHECK(!layout_.exact_pieces.empty() && !sums.empty(),
+                  "push_pull_exact() needs exact servers and sums");
+  round({}, sums, segment_shifts, params, versions, push, accepted, lr, step, kPush);
 }
 
 void PsClient::finish(std::span<float> params, std::span<int64_t> versions) {
   const std::vector<uint8_t> all(static_cast<size_t>(layout_.servers), 1);
   std::vector<uint8_t> accepted(all.size());
-  round({}, params, versions, all, accepted, 0.0f, -1, kDone);
+  round({}, {}, {}, params, versions, all, accepted, 0.0f, -1, kDone);
 }
 
 bool PsClient::receive_snapshot_part() {
