@@ -1,5 +1,5 @@
 // custom_model: a model of our own from ringtrain's layers, trained data-parallel over the
-// ranks of `mpirun -np N custom_model [DATA_DIR] [STEPS]`. Each rank steps on its shard of the
+// ranks of `mpirun -np N custom_model [STEPS] [DATA_DIR]`. Each rank steps on its shard of the
 // global batch while the ring averages the gradients in buckets as backward produces them, so
 // every rank applies the same update and the replicas stay bitwise identical.
 #include <cstdint>
@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   try {
     MpiComm comm;
     setup_logging(comm.rank(), "warn");
-    const MnistData data = load_mnist_dir(argc > 1 ? argv[1] : default_data_dir());
-    const int64_t steps = argc > 2 ? std::stoll(argv[2]) : 200;
+    const int64_t steps = argc > 1 ? std::stoll(argv[1]) : 200;
+    const MnistData data = load_mnist_dir(argc > 2 ? argv[2] : default_data_dir());
     const int64_t batch_per_rank = 32;
 
     // Our model: 784 -> 128 -> 64 -> 10, ReLU between; parameters and gradients are two flat
