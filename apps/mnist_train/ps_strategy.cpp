@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint_writer.h"
+#include "config_file.h"
 #include "ps_strategy.h"
 #include "reporting.h"
 #include "resume.h"
@@ -152,6 +153,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   MetricsWriter metrics = o.metrics_out.empty() || !chief
                               ? MetricsWriter()
                               : MetricsWriter(o.metrics_out, /*append=*/setup.plan.start_step > 0);
+  write_config_record(metrics, o);
   std::optional<CheckpointWriter> checkpoints;
   if (chief && !o.checkpoint_dir.empty()) checkpoints.emplace(o, metrics, world.board());
   const CheckpointHeader header =
