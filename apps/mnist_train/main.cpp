@@ -388,7 +388,8 @@ int train(const Job& job) {
                                                           epoch + 1, stats.loss, images_per_sec));
     if (o.log_every > 0 && (done % o.log_every == 0 || done == plan.total_steps) &&
         !window.empty()) {
-      window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, !show_progress, metrics);
+      window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, train_seconds,
+                    !show_progress, metrics);
       // The steps accounted so far (the last one's figures come with the next exchange).
       const LostScaling::Window scaling = lost.take_window();
       if (scaling.steps > 0)

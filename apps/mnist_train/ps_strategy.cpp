@@ -241,7 +241,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
           job_step, total, job_step / setup.plan.steps_per_epoch + 1, lr,
           static_cast<double>((job_step - setup.plan.start_step) * setup.plan.global_batch) /
               seconds,
-          /*print=*/true, metrics);
+          seconds, /*print=*/true, metrics);
     }
     if (crossed(before, job_step, o.eval_every) && job_step < total) {
       // The chief's copy: the parameters its last answers brought.
