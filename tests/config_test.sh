@@ -105,6 +105,10 @@ alone bad_choice --config bad_choice.toml
 expect_refusal "a choice that is none of the flag's" "--config bad_choice.toml" "key 'model'" "resnet"
 alone missing --config does-not-exist.toml
 expect_refusal "a file that is not there" "does-not-exist.toml"
+printf 'steps = 5\nepochs = 2\n' >exclusive.toml
+alone exclusive --config exclusive.toml
+expect_refusal "two flags that exclude each other" "excludes" \
+  "the flags in --config exclusive.toml count as given"
 # The rules that combine flags judge the file's values too.
 printf 'steps = 5\nnum-ps = 2\n' >rule.toml
 run rule 60 1 --config rule.toml --device cpu

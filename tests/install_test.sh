@@ -55,8 +55,8 @@ for header in "$prefix"/include/ringtrain/*.h; do
     header_failures=$((header_failures + 1))
   fi
 done
-[ "$header_failures" -eq 0 ] &&
-  pass "all $(ls "$prefix"/include/ringtrain/*.h | wc -l) installed headers compile on their own"
+headers=("$prefix"/include/ringtrain/*.h)
+[ "$header_failures" -eq 0 ] && pass "all ${#headers[@]} installed headers compile on their own"
 
 cat >"$work/tiny.cpp" <<'CPP'
 // Buckets for four gradient pieces of 3 floats: a first bucket of >= 2, then >= 5 each.
@@ -74,8 +74,11 @@ int main() {
 CPP
 if out=$("$cxx" -std=c++20 "$work/tiny.cpp" -o "$work/tiny" "${pc_cflags[@]}" "${pc_libs[@]}" 2>&1); then
   got=$("$work/tiny" 2>&1)
-  [ "$got" = "[0,3)[3,9)[9,12)" ] && pass "a program built with pkg-config's flags runs: $got" ||
+  if [ "$got" = "[0,3)[3,9)[9,12)" ]; then
+    pass "a program built with pkg-config's flags runs: $got"
+  else
     fail "the pkg-config program printed '$got', expected [0,3)[3,9)[9,12)"
+  fi
 else
   fail "a program does not build with pkg-config's flags: $(head -n 20 <<<"$out")"
 fi

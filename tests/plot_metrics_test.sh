@@ -68,7 +68,7 @@ fi
 
 # An empty home of its own: matplotlib's cache (~/.cache/matplotlib) must not land there either.
 mkdir home
-before=$(ls -A | sort)
+before=$(find . -mindepth 1 | sort)
 last=plot
 HOME=$work/home MPLCONFIGDIR='' plot_run "$last" -o "$work/runs.png" two_ranks.jsonl one_rank.jsonl \
   --label "2 ranks" --label "1 rank, lr 0.05" --title "plot_metrics test"
@@ -81,7 +81,7 @@ if [ "$status" -eq 0 ] && [ "$size" = "1200x800" ] && grep -q 'runs.png: 2 run(s
 else
   fail "plot_metrics on two runs (exit $status, image '$size'): $(cat plot.out)"
 fi
-after=$(ls -A | grep -vx -e runs.png -e plot.out | sort)
+after=$(find . -mindepth 1 ! -name runs.png ! -name plot.out | sort)
 if [ "$before" = "$after" ] && [ -z "$(ls -A home)" ]; then
   pass "nothing but the PNG was written (here or in HOME)"
 else

@@ -62,10 +62,14 @@ std::string check_key(const CLI::ConfigItem& item) {
 
 }  // namespace
 
-std::string check_config_file(const CLI::App& app) {
+std::string config_path(const CLI::App& app) {
   const CLI::Option* config = app.get_config_ptr();
-  if (config == nullptr || config->count() == 0) return "";
-  const std::string path = config->results().front();
+  return config == nullptr || config->results().empty() ? "" : config->results().front();
+}
+
+std::string check_config_file(const CLI::App& app) {
+  const std::string path = config_path(app);
+  if (path.empty()) return "";
   std::ifstream in(path);
   if (!in) return fmt::format("--config {}: cannot be read: {}", path, std::strerror(errno));
   std::vector<CLI::ConfigItem> items;

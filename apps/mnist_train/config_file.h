@@ -19,13 +19,15 @@
 namespace ringtrain::app {
 
 struct ConfigFlags {
-  std::string file;           // --config (CLI11 reads it during parse)
   bool print_config = false;  // --print-config
 };
 
 // Registers --config and --print-config (after add_flags): keys are the flags' names without
 // the leading "--"; a command-line flag overrides the file; a key that is no flag is an error.
 void add_config_flags(CLI::App& app, ConfigFlags& flags);
+
+// The file --config named ("" without one), once app.parse has run (CLI11 reads it then).
+std::string config_path(const CLI::App& app);
 
 // After app.parse (whether it succeeded or threw): when --config named a file, each of its
 // keys is checked on its own, as if given on the command line, with the same validators.

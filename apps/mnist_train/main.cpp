@@ -568,6 +568,9 @@ int main(int argc, char** argv) {
     }
     // --help and --version exit 0; every flag error exits kUsage (CLI11's own codes vary).
     const int printed = app.exit(error);
+    if (printed != 0 && !config_path(app).empty())
+      fmt::print(stderr, "(the flags in --config {} count as given, as on the command line)\n",
+                 config_path(app));
     return printed == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   }
   // Even a value the command line overrides must be valid in the file.
