@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/plot_metrics on a real run (docs/usage.md, "Plotting a run"): a short 2-rank run's
 # metrics file and a 1-rank one drawn into one PNG (checked: a PNG of the figure's size), and
-# nothing written beside it; the refusals (no -o, a folder that does not exist, a file that is
+# nothing written beside it; docs/usage.md's metrics schema names every record and field these
+# runs wrote; the refusals (no -o, a folder that does not exist, a file that is
 # no metrics file, labels that do not match the files) exit non-zero and write nothing. Without
 # matplotlib (Debian's python3-matplotlib, not installed by scripts/install_deps.sh: ~290 MB)
 # it checks the refusals and the "install python3-matplotlib" exit (3), then reports skipped
@@ -25,6 +26,30 @@ run two_ranks 120 2 "${short[@]}"
 [ "$status" -eq 0 ] || fail "the 2-rank run (exit $status): $(tail -n 5 two_ranks.log)"
 run one_rank 120 1 "${short[@]}" --lr 0.05
 [ "$status" -eq 0 ] || fail "the 1-rank run (exit $status): $(tail -n 5 one_rank.log)"
+
+# docs/usage.md's schema names every field these runs wrote (the docs say what the code does).
+if out=$(python3 - "$here/../docs/usage.md" two_ranks.jsonl one_rank.jsonl <<'PY' 2>&1
+import json, re, sys
+doc = open(sys.argv[1], encoding="utf-8").read()
+schema = doc[doc.index("## The metrics file (schema)"):]
+schema = schema[:schema.index("\n## ", 1)]
+documented = set(re.findall(r"`([a-z0-9_]+)`", schema))
+missing = set()
+for path in sys.argv[2:]:
+    for line in open(path, encoding="utf-8"):
+        record = json.loads(line)
+        missing |= {f"{record['event']}.{k}" for k in record
+                    if k != "event" and k not in documented}
+        if record["event"] not in documented:
+            missing.add(record["event"])
+print(", ".join(sorted(missing)) if missing else f"{len(documented)} names documented")
+sys.exit(1 if missing else 0)
+PY
+); then
+  pass "docs/usage.md's metrics schema covers every record and field written: $out"
+else
+  fail "docs/usage.md's metrics schema lacks: $out"
+fi
 
 plot_run() {  # plot_run NAME args...: exit status in $status, output in NAME.out
   local name=$1
