@@ -25,6 +25,7 @@
 #include "averaging.h"
 #include "batch_feed.h"
 #include "checkpoint_writer.h"
+#include "config_file.h"
 #include "evaluation.h"
 #include "finite_guard.h"
 #include "job_config.h"
@@ -241,6 +242,7 @@ int train(const Job& job) {
   MetricsWriter metrics = o.metrics_out.empty() || rank != 0
                               ? MetricsWriter()
                               : MetricsWriter(o.metrics_out, /*append=*/plan.start_step > 0);
+  write_config_record(metrics, o);
   spdlog::info(
       "training: {} steps ({} per epoch){}, {} rank(s) x batch {}{} = global batch {}, {} "
       "lr {} ({}), {} thread(s) per rank, seed {}",
@@ -386,7 +388,8 @@ int train(const Job& job) {
                                                           epoch + 1, stats.loss, images_per_sec));
     if (o.log_every > 0 && (done % o.log_every == 0 || done == plan.total_steps) &&
         !window.empty()) {
-      window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, !show_progress, metrics);
+      window.report(done, plan.total_steps, epoch + 1, lr, images_per_sec, train_seconds,
+                    !show_progress, metrics);
       // The steps accounted so far (the last one's figures come with the next exchange).
       const LostScaling::Window scaling = lost.take_window();
       if (scaling.steps > 0)
@@ -552,12 +555,34 @@ int main(int argc, char** argv) {
   CLI::App app{"ringtrain mnist_train: data-parallel MNIST training (mpirun -np N mnist_train)"};
   Options options;
   add_flags(app, options);
+  ConfigFlags config_flags;
+  add_config_flags(app, config_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
+    // A bad key or value in --config's file is told with the file and the key, which CLI11's
+    // own message does not name.
+    const std::string problem = error.get_exit_code() == 0 ? "" : check_config_file(app);
+    if (!problem.empty()) {
+      fmt::print(stderr, "{}\n", problem);
+      return static_cast<int>(ExitCode::kUsage);
+    }
     // --help and --version exit 0; every flag error exits kUsage (CLI11's own codes vary).
     const int printed = app.exit(error);
+    if (printed != 0 && !config_path(app).empty())
+      fmt::print(stderr, "(the flags in --config {} count as given, as on the command line)\n",
+                 config_path(app));
     return printed == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
+  }
+  // Even a value the command line overrides must be valid in the file.
+  if (const std::string problem = check_config_file(app); !problem.empty()) {
+    fmt::print(stderr, "{}\n", problem);
+    return static_cast<int>(ExitCode::kUsage);
+  }
+  options.effective_config = effective_config(app);
+  if (config_flags.print_config) {
+    fmt::print("{}", options.effective_config);
+    return 0;
   }
   options.batch_size_given = app.count("--batch-size") > 0;
   for (const char* flag : {"--num-ps", "--ps-mode", "--replicas-to-aggregate", "--max-staleness",

@@ -84,6 +84,7 @@ struct Options {
   int64_t max_bad_steps = 5;
   bool batch_size_given = false;         // set from the command line: --batch-size was passed
   std::vector<std::string> flags_given;  // the strategies' flags (and --allreduce) passed
+  std::string effective_config;          // as --print-config prints it (config_file.h)
   // Testing only.
   std::string test_kill_in_checkpoint;  // the chief kills itself at this point of the write...
   int64_t test_kill_in_checkpoint_step = -1;  // ...of the checkpoint of this step

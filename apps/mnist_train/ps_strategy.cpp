@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint_writer.h"
+#include "config_file.h"
 #include "ps_strategy.h"
 #include "reporting.h"
 #include "resume.h"
@@ -161,6 +162,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   MetricsWriter metrics = o.metrics_out.empty() || !chief
                               ? MetricsWriter()
                               : MetricsWriter(o.metrics_out, /*append=*/setup.plan.start_step > 0);
+  write_config_record(metrics, o);
   std::optional<CheckpointWriter> checkpoints;
   if (chief && !o.checkpoint_dir.empty()) checkpoints.emplace(o, metrics, world.board());
   const CheckpointHeader header =
@@ -272,7 +274,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
           job_step, total, job_step / setup.plan.steps_per_epoch + 1, lr,
           static_cast<double>((job_step - setup.plan.start_step) * setup.plan.global_batch) /
               seconds,
-          /*print=*/true, metrics);
+          seconds, /*print=*/true, metrics);
     }
     if (crossed(before, job_step, o.eval_every) && job_step < total) {
       // The chief's copy: the parameters its last answers brought.

@@ -20,7 +20,8 @@ void TrainWindow::add(const StepStats& stats) {
 }
 
 void TrainWindow::report(int64_t done, int64_t total, int64_t epoch, float lr,
-                         double images_per_sec, bool print, MetricsWriter& metrics) {
+                         double images_per_sec, double train_seconds, bool print,
+                         MetricsWriter& metrics) {
   const double mean_loss = loss_ / static_cast<double>(steps_);
   const double accuracy = static_cast<double>(correct_) / static_cast<double>(samples_);
   if (print) {
@@ -35,7 +36,8 @@ void TrainWindow::report(int64_t done, int64_t total, int64_t epoch, float lr,
                  {"lr", static_cast<double>(lr)},
                  {"wire_bytes_per_step", wire_steps_ > 0 ? static_cast<double>(wire_bytes_) /
                                                                static_cast<double>(wire_steps_)
-                                                         : -1.0}});
+                                                         : -1.0},
+                 {"train_seconds", train_seconds}});
   *this = TrainWindow();
 }
 

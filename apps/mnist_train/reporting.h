@@ -35,9 +35,10 @@ class TrainWindow {
   }
   bool empty() const { return steps_ == 0; }
   // "step {done}/{total} epoch ... loss ... train acc ... lr ... img/s" (when `print`) and a
-  // "train" metrics record; then starts a new window.
+  // "train" metrics record; then starts a new window. train_seconds: this run's training time
+  // so far (the time axis of scripts/plot_metrics).
   void report(int64_t done, int64_t total, int64_t epoch, float lr, double images_per_sec,
-              bool print, MetricsWriter& metrics);
+              double train_seconds, bool print, MetricsWriter& metrics);
 
  private:
   double loss_ = 0.0;
