@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint_writer.h"
+#include "model_export.h"
 #include "ps_strategy.h"
 #include "reporting.h"
 #include "resume.h"
@@ -493,6 +494,7 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   if (job.rank() == 0) {
     report_job(o, setup, plan, reports, result);
     save_final_params(o, model, world.board());
+    export_final_model(o, model, /*ema=*/nullptr, setup.data.test, setup.ctx);
   }
   return 0;
 }
