@@ -3,8 +3,7 @@
 // the model's own logits; a layer without a counterpart is refused), safetensors.h (the exact
 // bytes of a small file: length, JSON, padding, data), and onnx_export.h (ONNX's checker and
 // strict shape inference accept the models and refuse a broken graph or logits of the wrong
-// shape; a build
-// without ONNX refuses with a usage error).
+// shape; a build without ONNX refuses with a usage error).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
