@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -69,26 +70,36 @@ std::vector<float> test_logits(Model& model, std::span<const float> weights, con
 }  // namespace
 
 void check_export_flags(const Options& o, const Model& model, bool chief) {
-  const std::vector<std::pair<const char*, const std::string*>> outputs = {
-      {"--export-onnx", &o.export_onnx},
-      {"--export-safetensors", &o.export_safetensors},
-      {"--test-dump-logits", &o.test_dump_logits},
-      {"--save-params", &o.save_params}};
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const auto& [flag, path] = outputs[i];
-    if (path->empty()) continue;
-    for (size_t j = i + 1; j < outputs.size(); ++j) {
-      if (*outputs[j].second == *path)
-        refuse_usage(fmt::format("{} and {} both name {}: give each its own file", flag,
-                                 outputs[j].first, *path));
+  struct Output {
+    const char* flag;
+    const std::string& path;
+  };
+  const Output exports[] = {{"--export-onnx", o.export_onnx},
+                            {"--export-safetensors", o.export_safetensors}};
+  const Output outputs[] = {exports[0],
+                            exports[1],
+                            {"--test-dump-logits", o.test_dump_logits},
+                            {"--save-params", o.save_params}};
+  for (const Output& a : outputs) {
+    for (const Output& b : outputs) {
+      if (&a < &b && !a.path.empty() && a.path == b.path)
+        refuse_usage(
+            fmt::format("{} and {} both name {}: give each its own file", a.flag, b.flag, a.path));
     }
-    if (std::string(flag) == "--save-params") continue;  // checked by its own writer
-    if (std::string(flag) != "--test-dump-logits") (void)torch_layers(model, flag);
-    if (std::string(flag) == "--export-onnx" && !onnx_export_available())
-      refuse_usage(
-          "--export-onnx: this build has no ONNX exporter; install libonnx-dev and "
-          "libprotobuf-dev (scripts/install_deps.sh) and configure the build again");
-    if (chief) check_output_path(flag, *path);
+  }
+  for (const Output& out : exports) {
+    if (out.path.empty()) continue;
+    (void)torch_layers(model, out.flag);  // refuses a layer the exporters cannot express
+  }
+  if (!o.export_onnx.empty() && !onnx_export_available())
+    refuse_usage(
+        "--export-onnx: this build has no ONNX exporter; install libonnx-dev and "
+        "libprotobuf-dev (scripts/install_deps.sh) and configure the build again");
+  // The files this part writes (--save-params is checked by its own writer, at the end).
+  if (chief) {
+    for (const Output& out : std::span(outputs).first(3)) {
+      if (!out.path.empty()) check_output_path(out.flag, out.path);
+    }
   }
 }
 

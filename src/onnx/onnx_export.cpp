@@ -55,6 +55,23 @@ onnx::NodeProto& add_node(onnx::GraphProto& graph, const std::string& op, const 
   return *node;
 }
 
+// The PyTorch module's name for a layer with parameters ("fc1"), else its op and position.
+std::string node_name(const TorchLayer& layer, size_t index) {
+  if (!layer.name.empty()) return layer.name;
+  switch (layer.op) {
+    case TorchOp::kRelu:
+      return fmt::format("relu_{}", index);
+    case TorchOp::kMaxPool2x2:
+      return fmt::format("pool_{}", index);
+    case TorchOp::kFlatten:
+      return fmt::format("flatten_{}", index);
+    case TorchOp::kDense:
+    case TorchOp::kConv3x3:
+      break;
+  }
+  RINGTRAIN_FAIL("a dense or conv layer without a name");
+}
+
 onnx::ModelProto build_model(const TorchModel& model, const std::string& producer_version) {
   static_assert(std::endian::native == std::endian::little,
                 "raw_data is copied as it lies in memory: little-endian hosts only");
@@ -82,17 +99,7 @@ onnx::ModelProto build_model(const TorchModel& model, const std::string& produce
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const TorchLayer& layer = model.layers[i];
     const bool last = i + 1 == model.layers.size();
-    // The PyTorch module's name for layers with parameters, else op and position.
-    const std::string name = !layer.name.empty() ? layer.name : [&] {
-      switch (layer.op) {
-        case TorchOp::kRelu:
-          return fmt::format("relu_{}", i);
-        case TorchOp::kMaxPool2x2:
-          return fmt::format("pool_{}", i);
-        default:
-          return fmt::format("flatten_{}", i);
-      }
-    }();
+    const std::string name = node_name(layer, i);
     const std::string output = last ? "logits" : name + "_out";
     switch (layer.op) {
       case TorchOp::kDense: {
