@@ -16,6 +16,9 @@ packages=(
   openssh-server openssh-client   # sshd in namespaces: the multi-host ringrun test
   python3                         # scripts/ringrun
   clang libclang-rt-14-dev        # libFuzzer targets for the file parsers (fuzz/)
+  libonnx-dev libprotobuf-dev     # --export-onnx: ONNX's protobuf classes and checker
+  python3-opencv python3-torch    # the export test: OpenCV's DNN runs the ONNX file, PyTorch
+                                  # loads the safetensors (about 170 MB download, 770 MB installed)
 )
 
 missing=()

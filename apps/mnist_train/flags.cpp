@@ -293,6 +293,13 @@ void add_output_flags(CLI::App& app, Options& o) {
   app.add_option("--metrics-out", o.metrics_out, "Write JSON lines (train, eval, summary) here");
   app.add_option("--save-params", o.save_params,
                  "Write the final flat parameter buffer here (RTPARAMS format)");
+  app.add_option("--export-onnx", o.export_onnx,
+                 "Write the final model (the EMA weights under --ema-decay) here as ONNX "
+                 "(opset 13; input float [N,1,28,28] pixels / 255; outputs logits, probabilities)");
+  app.add_option("--export-safetensors", o.export_safetensors,
+                 "Write the final weights (the EMA ones under --ema-decay) here as safetensors, "
+                 "with PyTorch's names and shapes (fc1.weight [out,in], conv1.weight "
+                 "[out,in,3,3], ...)");
   app.add_option("--timeline", o.timeline,
                  "Write a Chrome trace of every rank's steps, layers and bucket allreduces "
                  "here (rank 0 writes one file; open it in ui.perfetto.dev)");
@@ -435,6 +442,10 @@ void add_test_flags(CLI::App& app, Options& o) {
       ->delimiter(',')
       ->group("")
       ->check(whole_number<int64_t>(0, kMaxSteps, "--test-nan-steps"));
+  app.add_option("--test-dump-logits", o.test_dump_logits,
+                 "Testing only: the chief writes the test set's logits under the exported "
+                 "weights here (float32 [count, classes], little-endian)")
+      ->group("");
   app.add_flag("--test-stall-at-setup", o.test_stall_at_setup,
                "Testing only: --test-stall-rank sleeps --test-stall-seconds in set-up, before "
                "the configuration check")

@@ -31,6 +31,7 @@
 #include "job_config.h"
 #include "local_sgd.h"
 #include "lost_scaling.h"
+#include "model_export.h"
 #include "options.h"
 #include "ps_strategy.h"
 #include "replica.h"
@@ -448,7 +449,10 @@ int train(const Job& job) {
       (averaging.allreduce ? averaging.allreduce->tally() : Allreduce::Tally{.bytes_sent = 0})
           .since(wire_at_start);
   report_ring_run(job, totals, lost, metrics);
-  if (rank == 0) save_final_params(o, model, comm.board());
+  if (rank == 0) {
+    save_final_params(o, model, comm.board());
+    export_final_model(o, model, ema, job.data.test, job.ctx);
+  }
   return 0;
 }
 
@@ -509,6 +513,7 @@ int run(Options o, MpiComm& comm) {
   std::optional<MpiComm> job;
   if (ps) job.emplace(comm, 0, (rank - o.num_ps + ranks) % ranks);
   Comm& control = job ? static_cast<Comm&>(*job) : comm;
+  check_export_flags(o, *model, rank == chief);
   // The first collective: nothing that depends on the flags runs before the ranks agree on them.
   check_config_consistency(control, config_fields(o, *model, data, ctx.device));
   if (rank == chief && ranks > 1)

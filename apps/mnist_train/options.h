@@ -57,6 +57,9 @@ struct Options {
   int64_t eval_batch = 1000;
   std::string metrics_out;
   std::string save_params;
+  // The final weights (the EMA ones under --ema-decay) in PyTorch's layout (model_export.h).
+  std::string export_onnx;
+  std::string export_safetensors;
   std::string timeline;  // --timeline: the Chrome trace file rank 0 writes (timeline.h)
   std::string log_level = "info";
   AllreduceAlgorithm allreduce = AllreduceAlgorithm::kRing;
@@ -105,6 +108,7 @@ struct Options {
   bool test_stall_after_end = false;    // ...or after its last writes, before the final barrier
   double test_slow_transport_ms = 0.0;  // every piece of a broadcast / MPI_Allreduce waits this
   double test_long_compute_ms = 0.0;    // --strategy ps: each worker step computes this long
+  std::string test_dump_logits;  // the chief writes the exported weights' test-set logits here
 };
 
 // A flag, or a combination of flags, that this job cannot run with: the same usage Error

@@ -18,6 +18,7 @@
 
 #include "checkpoint_writer.h"
 #include "config_file.h"
+#include "model_export.h"
 #include "ps_strategy.h"
 #include "reporting.h"
 #include "resume.h"
@@ -538,6 +539,7 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
   if (job.rank() == 0) {
     report_job(o, setup, plan, reports, result);
     save_final_params(o, model, world.board());
+    export_final_model(o, model, /*ema=*/nullptr, setup.data.test, setup.ctx);
   }
   return 0;
 }
