@@ -19,6 +19,7 @@ packages=(
   libonnx-dev libprotobuf-dev     # --export-onnx: ONNX's protobuf classes and checker
   python3-opencv python3-torch    # the export test: OpenCV's DNN runs the ONNX file, PyTorch
                                   # loads the safetensors (about 170 MB download, 770 MB installed)
+  python3-matplotlib              # scripts/plot_metrics and its test (about 50 MB download)
 )
 
 missing=()
