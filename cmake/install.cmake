@@ -33,6 +33,7 @@ install(EXPORT ringtrainTargets NAMESPACE ringtrain:: DESTINATION ${RINGTRAIN_CM
 # The config file needs to know which optional dependencies this build linked.
 set(RINGTRAIN_PACKAGE_OPENMP ${OpenMP_CXX_FOUND})
 set(RINGTRAIN_PACKAGE_GPU ${RINGTRAIN_GPU})
+set(RINGTRAIN_PACKAGE_ONNX ${RINGTRAIN_HAVE_ONNX})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ringtrainConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/ringtrainConfig.cmake
                               INSTALL_DESTINATION ${RINGTRAIN_CMAKE_DIR})
@@ -69,6 +70,11 @@ endforeach()
 if(OpenMP_CXX_FOUND)
   string(APPEND pc_cflags " ${OpenMP_CXX_FLAGS}")
   string(APPEND pc_libs " ${OpenMP_CXX_FLAGS}")
+endif()
+# The ONNX exporter in the static library needs ONNX's two libraries and protobuf's.
+if(RINGTRAIN_HAVE_ONNX)
+  string(APPEND pc_libs " -lonnx -lonnx_proto")
+  set(pc_requires_onnx ", protobuf")
 endif()
 if(RINGTRAIN_GPU)
   string(APPEND pc_cflags " -DRINGTRAIN_HAVE_GPU=1")

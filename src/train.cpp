@@ -105,6 +105,9 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
                   "a CPU step averages host gradients: its GradSync must be the host engine");
   RINGTRAIN_CHECK(!passes.empty(), "a step needs at least one pass");
   ExactGradSum* const exact = workspace.exact_sum;
+  RINGTRAIN_CHECK(exact == nullptr || (sync != nullptr) != workspace.exact_sum_by_caller,
+                  "micro-shard steps average through a GradSync over the exact sum, or leave "
+                  "the sums to the caller (exact_sum_by_caller), not both or neither");
   const auto pass_count = static_cast<int64_t>(passes.size());
   RINGTRAIN_CHECK(exact == nullptr || exact->local_micro_shards() % pass_count == 0,
                   "{} micro-shards per rank cannot be cut into {} equal passes",
@@ -141,8 +144,7 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       if (!last && exact != nullptr) exact->keep();
     }
   }
-  // Without a GradSync the caller sums the micro-shards itself (ExactGradSum::local_sums).
-  if (exact != nullptr && sync != nullptr) exact->finish_step();
+  if (exact != nullptr && !workspace.exact_sum_by_caller) exact->finish_step();
   if (sync != nullptr) stats.comm = sync->stats();
   stats.loss = loss_sum / static_cast<double>(pieces * pass_count);
   return stats;

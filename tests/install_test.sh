@@ -59,25 +59,27 @@ headers=("$prefix"/include/ringtrain/*.h)
 [ "$header_failures" -eq 0 ] && pass "all ${#headers[@]} installed headers compile on their own"
 
 cat >"$work/tiny.cpp" <<'CPP'
-// Buckets for four gradient pieces of 3 floats: a first bucket of >= 2, then >= 5 each.
+// Buckets for four gradient pieces of 3 floats: a first bucket of >= 2, then >= 5 each; and
+// whether the ONNX exporter is built, which links its object file (and ONNX, when it is in).
 #include <cstdio>
 #include <vector>
 
 #include <ringtrain/grad_sync.h>
+#include <ringtrain/onnx_export.h>
 
 int main() {
   const std::vector<ringtrain::GradRange> pieces{{0, 0, 3}, {1, 3, 6}, {2, 6, 9}, {3, 9, 12}};
   for (const ringtrain::Bucket& b : ringtrain::assign_buckets(pieces, 2, 5))
     std::printf("[%lld,%lld)", static_cast<long long>(b.begin), static_cast<long long>(b.end));
-  std::printf("\n");
+  std::printf(" onnx=%d\n", ringtrain::onnx_export_available() ? 1 : 0);
 }
 CPP
 if out=$("$cxx" -std=c++20 "$work/tiny.cpp" -o "$work/tiny" "${pc_cflags[@]}" "${pc_libs[@]}" 2>&1); then
   got=$("$work/tiny" 2>&1)
-  if [ "$got" = "[0,3)[3,9)[9,12)" ]; then
+  if [[ $got == "[0,3)[3,9)[9,12) onnx="[01] ]]; then
     pass "a program built with pkg-config's flags runs: $got"
   else
-    fail "the pkg-config program printed '$got', expected [0,3)[3,9)[9,12)"
+    fail "the pkg-config program printed '$got', expected [0,3)[3,9)[9,12) onnx=0 or 1"
   fi
 else
   fail "a program does not build with pkg-config's flags: $(head -n 20 <<<"$out")"

@@ -14,7 +14,9 @@
 #  (f) --strategy ps --ps-mode sync gives the ring's bits: 1 server and 2 workers, 2 servers
 #      and 3 workers (mlp), 1 server and 2 workers (cnn with Adam); asynchronous servers and
 #      backup workers are refused;
-#  (g) a resume with another --micro-batch than the checkpoint's is refused (exit 3).
+#  (g) a resume with another --micro-batch than the checkpoint's is refused (exit 3);
+#  (h) a NaN in one worker's batch under the parameter servers ends the whole job with exit 5
+#      (the servers too, which were waiting for its push), well before --collective-timeout.
 # Usage: reproducible_test.sh MPIRUN MNIST_TRAIN NUMPROC_FLAG [MPIRUN FLAGS...]
 set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
@@ -132,6 +134,16 @@ if [ "$status" -eq 3 ] && has other_m "pass --micro-batch 8"; then
   pass "(g) a resume with another --micro-batch: exit 3"
 else
   fail "(g) a resume with another --micro-batch: exit $status: $(tail -n 3 other_m.log)"
+fi
+
+# ---- (h) a NaN on one parameter-server worker ends the job ----
+start=$SECONDS
+run ps_nan 120 3 "${mlp[@]}" --strategy ps --num-ps 1 --test-nan-rank 2 --test-nan-steps 5 \
+  --collective-timeout 100
+if [ "$status" -eq 5 ] && has ps_nan "NaN or infinite" && [ $((SECONDS - start)) -lt 60 ]; then
+  pass "(h) a NaN on worker rank 2: exit 5 in $((SECONDS - start)) s"
+else
+  fail "(h) a NaN on worker rank 2: exit $status after $((SECONDS - start)) s: $(tail -n 3 ps_nan.log)"
 fi
 
 finish reproducible

@@ -46,8 +46,8 @@ void check_output_path(const std::string& flag, const std::string& path) {
 // model's trained weights are put back after.
 std::vector<float> test_logits(Model& model, std::span<const float> weights, const Dataset& test,
                                int64_t batch_size, Context& ctx) {
-  if (model.device() != Device::kCpu)
-    refuse_usage("--test-dump-logits runs on a CPU model only: add --device cpu");
+  RINGTRAIN_CHECK(model.device() == Device::kCpu,
+                  "--test-dump-logits on a device model (check_export_flags refuses it)");
   const std::vector<float> trained = model.params_to_host();
   model.params_from_host(weights);
   const int64_t classes = model.output_shape().numel();
@@ -91,6 +91,8 @@ void check_export_flags(const Options& o, const Model& model, bool chief) {
     if (out.path.empty()) continue;
     (void)torch_layers(model, out.flag);  // refuses a layer the exporters cannot express
   }
+  if (!o.test_dump_logits.empty() && model.device() != Device::kCpu)
+    refuse_usage("--test-dump-logits runs on a CPU model only: add --device cpu");
   if (!o.export_onnx.empty() && !onnx_export_available())
     refuse_usage(
         "--export-onnx: this build has no ONNX exporter; install libonnx-dev and "

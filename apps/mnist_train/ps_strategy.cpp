@@ -193,6 +193,7 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
     exact.emplace(workers_comm, model.grads().data(), model.grad_ranges(), setup.plan.micro_shards,
                   setup.plan.local_micro_shards);
     workspace.exact_sum = &*exact;
+    workspace.exact_sum_by_caller = true;
     shifts.resize(exact->segments().size());
   }
   WorkerResult result;
@@ -219,6 +220,10 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
         rank_batch(sampler.order(step / setup.plan.steps_per_epoch),
                    step % setup.plan.steps_per_epoch, o.batch_size, worker, workers);
     make_batch(setup.data.train, indices, batch.images, batch.labels);
+    // --test-nan-rank: a NaN in this worker's batch, as BatchFeed puts one under the ring.
+    if (world.rank() == o.test_nan_rank &&
+        std::find(o.test_nan_steps.begin(), o.test_nan_steps.end(), step) != o.test_nan_steps.end())
+      batch.images.data()[0] = std::nanf("");
     const float lr = learning_rate(setup.plan.schedule, job_step);
     auto start = Clock::now();
     const StepStats stats = compute_gradients(model, batch, workspace, ctx);
@@ -229,12 +234,14 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
       model.forward(batch.images, ctx);
       world.board().progress();
     }
-    // Collective over the workers, before anything that one worker alone may throw for.
+    // Collective over the workers, before anything that one worker alone may throw for. Each
+    // worker then fails as one rank does (the servers, which wait for its push, are ended with
+    // the job).
     if (exact && !exact->local_sums(shifts))
-      throw Error(fmt::format("step {}: a gradient became NaN or infinite on some worker: lower "
-                              "--lr (now {}) or check the data",
-                              step, lr),
-                  ExitCode::kNonFinite, /*on_every_rank=*/true);
+      throw Error(fmt::format("worker {} (rank {}): step {}: a gradient became NaN or infinite "
+                              "on some worker: lower --lr (now {}) or check the data",
+                              worker, world.rank(), step, lr),
+                  ExitCode::kNonFinite);
     report.compute_ms += ms_since(start);
     if (!std::isfinite(stats.loss))
       throw Error(fmt::format("worker {} (rank {}): the loss became {} at step {}: lower --lr "
@@ -481,9 +488,8 @@ int run_parameter_servers(const Options& o, MpiComm& world, MpiComm& job,
                          .servers = servers,
                          .shards = {},
                          .optimizer_buffers = static_cast<int>(probe->state().size())};
-  if (o.reproducible && plan.aggregate != workers)  // check_flag_combinations refuses it
-    throw Error("--reproducible aggregates every worker's gradients", ExitCode::kUsage,
-                /*on_every_rank=*/true);
+  RINGTRAIN_CHECK(!o.reproducible || plan.aggregate == workers,
+                  "--reproducible aggregates every worker's gradients (check_flag_combinations)");
   try {
     plan.layout.shards = plan_shards(tensor_sizes(model), servers);
     if (o.reproducible)

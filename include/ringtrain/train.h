@@ -70,9 +70,11 @@ struct StepWorkspace {
   // --reproducible (CPU steps): the batch is exact_sum->local_micro_shards() micro-shards of
   // equal rows, each run through forward and backward on its own (the same shapes whichever
   // rank runs it, so the same bits), the last one with the GradSync, which must average over
-  // make_exact_allreduce(*exact_sum); without a GradSync the micro-shards are left for
-  // exact_sum->local_sums() (the parameter-server workers). Null: the batch in one pass.
+  // make_exact_allreduce(*exact_sum). Null: the batch in one pass.
   ExactGradSum* exact_sum = nullptr;
+  // The parameter-server workers: no GradSync; the micro-shards are left for
+  // exact_sum->local_sums() after the step.
+  bool exact_sum_by_caller = false;
   // Gradient accumulation without the exact sum (CPU steps of several passes): the sum of the
   // passes before the last, kept beside the gradient buffer (made on the first such step).
   Tensor accumulated;
