@@ -54,6 +54,13 @@ const ParamView& param_of(const Model& model, int layer, const std::string& suff
   RINGTRAIN_FAIL("layer {} has no parameter '{}'", model.layer_name(layer), suffix);
 }
 
+// A bias needs no reordering: PyTorch's [out] is ringtrain's.
+TorchTensor bias_tensor(const std::string& layer_name, std::span<const float> params,
+                        const ParamView& bias) {
+  const auto begin = params.begin() + bias.offset;
+  return {layer_name + ".bias", {bias.size}, std::vector<float>(begin, begin + bias.size)};
+}
+
 }  // namespace
 
 std::vector<TorchLayer> torch_layers(const Model& model, const std::string& flag) {
@@ -125,10 +132,7 @@ TorchModel to_torch_layout(const Model& model, std::span<const float> params,
         }
       }
       result.tensors.push_back(std::move(weight));
-      result.tensors.push_back(
-          {layer.name + ".bias",
-           {out},
-           std::vector<float>(params.begin() + b.offset, params.begin() + b.offset + out)});
+      result.tensors.push_back(bias_tensor(layer.name, params, b));
       channels = out;
       height = width = 1;
       flattened = false;
@@ -147,10 +151,7 @@ TorchModel to_torch_layout(const Model& model, std::span<const float> params,
               weight.values[static_cast<size_t>(((o * cin + c) * 3 + kh) * 3 + kw)] =
                   source[((kh * 3 + kw) * cin + c) * cout + o];
       result.tensors.push_back(std::move(weight));
-      result.tensors.push_back(
-          {layer.name + ".bias",
-           {cout},
-           std::vector<float>(params.begin() + b.offset, params.begin() + b.offset + cout)});
+      result.tensors.push_back(bias_tensor(layer.name, params, b));
       channels = cout;
     } else if (layer.op == TorchOp::kMaxPool2x2) {
       height /= 2;

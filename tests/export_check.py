@@ -8,9 +8,11 @@
   export_check.py safetensors LOGITS MODEL.safetensors DATA_DIR MODEL [HIDDEN] [ACCURACY]
       PyTorch builds the model with its own modules (fc1, conv1, ... as docs/usage.md names
       them), loads the tensors with the reader below (json + numpy: the safetensors package is
-      not a Debian package) under load_state_dict(strict=True), and must predict exactly what
-      ringtrain predicts on every test image; ACCURACY, ringtrain's reported test accuracy, must
-      then be PyTorch's too.
+      not a Debian package) under load_state_dict(strict=True): every logit within 1e-4 of
+      ringtrain's, and ringtrain's prediction on every test image but a tie (top two logits
+      within twice the largest logit difference, which either program may break its own way);
+      ringtrain's logits must give ACCURACY, ringtrain's reported test accuracy, and PyTorch's
+      accuracy must equal it up to the ties.
 
 LOGITS: the file of mnist_train --test-dump-logits (float32 [count, 10], little-endian).
 The input is what the export documents: bytes * float32(1/255), [N, 1, 28, 28]. Prints one
@@ -147,18 +149,28 @@ def check_safetensors(logits_path, model_path, data_dir, name, hidden, accuracy)
     predictions = theirs.argmax(1)
     same = int(np.sum(predictions == ours.argmax(1)))
     worst = float(np.abs(theirs - ours).max())
+    # Two float programs sum in other orders, so each logit may differ by up to `worst`; an
+    # image whose top two logits are within 2 * worst of each other is a tie either may break
+    # its own way. Every other image must get ringtrain's prediction.
+    top_two = np.sort(ours, axis=1)[:, -2:]
+    ties = (top_two[:, 1] - top_two[:, 0]) <= 2 * worst
+    untied_disagreements = int(np.sum((predictions != ours.argmax(1)) & ~ties))
     labels = read_idx(next(os.path.join(data_dir, n) for n in
                            ("t10k-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte")
                            if os.path.exists(os.path.join(data_dir, n))))
     torch_accuracy = float(np.mean(predictions == labels))
     ringtrain_accuracy = float(np.mean(ours.argmax(1) == labels))
     print(f"safetensors (PyTorch {torch.__version__}, {metadata.get('ringtrain.weights')} weights): "
-          f"same prediction on {same} of {len(pixels)}, max |logit difference| {worst:.3g}, "
+          f"same prediction on {same} of {len(pixels)} ({int(ties.sum())} ties within "
+          f"2 x the logit difference), max |logit difference| {worst:.3g}, "
           f"test accuracy {torch_accuracy:.4f} (ringtrain's logits {ringtrain_accuracy:.4f}"
           + (f", ringtrain's summary {accuracy}" if accuracy else "") + ")")
-    ok = same == len(pixels) and torch_accuracy == ringtrain_accuracy
+    # The accuracy may move by the ties alone (none in every run seen so far).
+    slack = float(ties.sum()) / len(pixels)
+    ok = (untied_disagreements == 0 and worst <= 1e-4
+          and abs(torch_accuracy - ringtrain_accuracy) <= slack)
     if accuracy:
-        ok = ok and round(torch_accuracy, 4) == round(float(accuracy), 4)
+        ok = ok and abs(ringtrain_accuracy - float(accuracy)) <= 0.5e-4
     return ok
 
 

@@ -4,9 +4,9 @@
 # nothing written beside it; docs/usage.md's metrics schema names every record and field these
 # runs wrote; the refusals (no -o, a folder that does not exist, a file that is
 # no metrics file, labels that do not match the files) exit non-zero and write nothing. Without
-# matplotlib (Debian's python3-matplotlib, not installed by scripts/install_deps.sh: ~290 MB)
-# it checks the refusals and the "install python3-matplotlib" exit (3), then reports skipped
-# (77). Every launch runs under `timeout`.
+# matplotlib (Debian's python3-matplotlib, which scripts/install_deps.sh installs) it checks
+# the refusals and the "install python3-matplotlib" exit (3), then reports skipped (77). Every
+# launch runs under `timeout`.
 # Usage: plot_metrics_test.sh MPIRUN MNIST_TRAIN NUMPROC_FLAG [MPIRUN FLAGS...]
 set -uo pipefail
 mpirun=$1 trainer=$2 np_flag=$3
