@@ -11,7 +11,8 @@
 #     rank, rate-limited veth links, Open MPI over TCP), default 10 Gbit/s; needs root.
 # It reports images/s, scaling efficiency (images/s at N / (N x images/s at 1)), comm_ms,
 # exposed_comm_ms and overlap efficiency, writes docs/benchmarks-scaling.md (BENCH_OUT), a CSV
-# beside it and a PNG plot of throughput against ranks (gnuplot, installed if missing).
+# beside it and a PNG of the speedup against ranks, one panel per model (scripts/plot_scaling.py;
+# matplotlib, Debian's python3-matplotlib, installed if missing).
 #
 # Usage: scripts/bench_scaling.sh      (about 10 minutes)
 #   RINGTRAIN_DATA / first argument: data (default ../shared/data/mnist, else data/mnist,
@@ -60,7 +61,9 @@ if [[ "${SKIP_DDP:-0}" != "1" ]]; then
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 peer_blas_check bench_scaling   # or exits 3
   peer_blas="$PEER_BLAS"
 fi
-command -v gnuplot >/dev/null || install_pkgs gnuplot-nox
+# the figure (scripts/plot_scaling.py runs itself under /usr/bin/python3 if python3 lacks it)
+python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
+  install_pkgs python3-matplotlib
 "$repo/scripts/build.sh" >&2
 
 mpi_base=(--bind-to none)
@@ -235,30 +238,11 @@ out.append("|---|---|---|")
 for text, v, need, unit in checks:
     shown = "-" if v is None else (f"{v:.2f}x" if unit == "x" else f"{v*100:.0f}%")
     out.append(f"| {text} | {shown} | {'-' if v is None else ('yes' if v >= need else '**no**')} |")
-out.append(f"\nAll rows: [{os.path.basename(csv_path)}]({os.path.basename(csv_path)}); plot: ![throughput against ranks]({os.path.basename(png_path)})\n")
+out.append(f"\nAll rows: [{os.path.basename(csv_path)}]({os.path.basename(csv_path)}); plot: ![speedup against ranks, one panel per model]({os.path.basename(png_path)})\n")
 open(md_path, "w").write("\n".join(out) + "\n")
-# gnuplot data: one block per series
-dat = md_path[:-3] + ".dat"
-with open(dat, "w") as f:
-    for m in models:
-        for fw, tr, ov, label in [("ringtrain", "shm", "auto", "ringtrain shm"), ("pytorch-ddp", "shm", "n/a", "DDP shm"), ("ringtrain", f"net-{rate}", "auto", f"ringtrain {rate}")]:
-            pts = [(n, ips(get(tr, fw, m, n, ov))) for n in ranks]
-            pts = [(n, v) for n, v in pts if v]
-            if tr != "shm" and pts and ips(get("shm", "ringtrain", m, 1, "auto")):
-                pts = [(1, ips(get("shm", "ringtrain", m, 1, "auto")))] + pts
-            if not pts: continue
-            f.write(f'"{names[m]}: {label}"\n' + "".join(f"{n} {v}\n" for n, v in pts) + "\n\n")
-blocks = sum(1 for l in open(dat) if l.startswith('"'))
-script = f"""set terminal pngcairo size 1000,650
-set output '{png_path}'
-set title 'ringtrain scaling (one thread per rank; 4 ranks oversubscribe 2 cores)'
-set xlabel 'ranks'; set ylabel 'images/s'; set key outside right; set grid; set xtics (1,2,4)
-set logscale y
-plot for [i=0:{blocks-1}] '{dat}' index i using 1:2 with linespoints title columnheader(1)
-"""
-r = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
-if r.returncode != 0: print(r.stderr, file=sys.stderr)
-os.remove(dat)
 print(open(md_path).read())
 PY
+# the figure: one panel per model, speedup against ranks (a failed plot leaves the report whole)
+python3 "$repo/scripts/plot_scaling.py" "$out_csv" "$out_png" >&2 ||
+  log "WARNING: scripts/plot_scaling.py failed: $out_png not updated"
 log "wrote $out_md, $out_csv, $out_png"
