@@ -28,6 +28,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -58,7 +59,6 @@
 #include "ringtrain/log.h"
 #include "ringtrain/mpi_comm.h"
 #include "ringtrain/report.h"
-#include "ringtrain/report.h"
 #include "ringtrain/ring.h"
 #include "ringtrain/tensor.h"
 
@@ -85,6 +85,7 @@ struct Options {
   std::string device = "cpu";
   size_t segment_kb = RingOptions{}.segment_elements * sizeof(float) / 1024;
   int window = RingOptions{}.window;
+  int spin_us = -1;  // -1: MpiComm's own default
   int repeats = 1;
   std::string csv;
   std::string log_level = "info";
@@ -120,6 +121,7 @@ struct Plan {
   RingOptions ring;
   int iters = 0, warmup_iters = 0, repeats = 0;
   bool check = true;
+  int spin_us = -1;  // --spin-us; -1: the library's default
 };
 
 // Each count has a range no real run reaches, so that nothing computed from it can overflow:
@@ -128,6 +130,7 @@ struct Plan {
 // small enough that window x segment fits; a segment of at most 1 GiB, whose byte count fits
 // MPI's int. -b, -e and -f are checked by parse_size and make_plan.
 constexpr int kMaxIters = 1'000'000;
+constexpr int kMaxSpinUs = 1'000'000;  // a second: longer is never a choice, only a typo
 constexpr int kMaxWindow = 1024;
 constexpr int kMaxSegmentKb = 1 << 20;
 
@@ -169,6 +172,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--window", o.window, "Ring segments in flight each way (RingOptions::window)")
       ->check(CLI::Range(1, kMaxWindow))
       ->capture_default_str();
+  app.add_option("--spin-us", o.spin_us,
+                 "How long a wait polls without pause before it sleeps between polls, in us "
+                 "(Comm::set_spin_before_sleep); 50 is how mnist_train's overlap thread waits. "
+                 "Default: the library's own (1000)")
+      ->check(CLI::Range(0, kMaxSpinUs));
   app.add_option("--repeats", o.repeats,
                  "Timed measurements per size; rows report the median and the min-max spread")
       ->check(CLI::Range(1, kMaxIters))
@@ -270,6 +278,7 @@ Plan make_plan(const Options& o) {
   plan.warmup_iters = o.warmup_iters;
   plan.repeats = o.repeats;
   plan.check = o.check == 1;
+  plan.spin_us = o.spin_us;
   return plan;
 }
 
@@ -638,6 +647,9 @@ void print_preamble(MpiComm& comm, const Plan& plan, const std::string& command)
   if (plan.cuda) {
     fmt::print("# device: cuda, device memory on the local rank's GPU; NCCL {}\n", nccl_version());
   }
+  if (plan.spin_us >= 0)
+    fmt::print("# waits: poll without pause for {} us, then sleep between polls (--spin-us)\n",
+               plan.spin_us);
   const std::string segments =
       fmt::format("segments of {} elements ({} KiB), window {}", plan.ring.segment_elements,
                   plan.ring.segment_elements * sizeof(float) / 1024, plan.ring.window);
@@ -811,6 +823,7 @@ int bench_main(int argc, char** argv) {
     } catch (const std::exception& error) {  // UsageError, or the flag checks of the library
       return usage_failure(comm, error);
     }
+    if (plan->spin_us >= 0) comm.set_spin_before_sleep(std::chrono::microseconds(plan->spin_us));
     return run(comm, *plan, options, command_line(argc, argv));
   } catch (const std::exception& error) {
     spdlog::error("{}", error.what());

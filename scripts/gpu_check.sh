@@ -678,6 +678,24 @@ print(f'{(ls - ss) * b / dt:.1f}' if dt > 0 and ls > ss else '')" "$l_steps" "$l
   ((rounds_done > 0)) || BENCH_RC=3
 fi
 
+# ------------------------------------------------------------------ profiles for the scaling model
+# One traced run per model at batch 128 (--timeline), for scripts/predict_scaling
+# --profile MODEL=FILE (docs/scaling-model.md): compute times measured on this GPU instead of
+# the arithmetic's. Last, since nothing above needs it; skipped when the budget is spent.
+if [[ -n "$GPU_NAME" && "${HAVE_RT:-0}" == 1 ]]; then
+  for spec in "mlp|--model mlp" "cnn|--model cnn" "wide|--model mlp --hidden 4096,4096"; do
+    IFS='|' read -r name flags <<<"$spec"
+    if (($(left) < 40)); then log "profiles: budget spent, skipping $name"; continue; fi
+    # shellcheck disable=SC2086 # FLAGS is a word list on purpose
+    rt timeout "$(limit 60)" "$BUILD/mnist_train" --device "$DEVICE" --data-dir "$DATA_DIR" $flags \
+      --batch-size 128 --steps 30 "${OPT[@]}" --log-every 0 --eval-every 0 \
+      --timeline "$OUTDIR/profile-$name.json" >"$LOGS/profile-$name.log" 2>&1 &&
+      python3 "$ROOT/scripts/scaling_model.py" profile "$OUTDIR/profile-$name.json" \
+        >"$OUTDIR/profile-$name.profile" 2>>"$LOGS/profile-$name.log"
+    log "profile $name: $([[ -s "$OUTDIR/profile-$name.profile" ]] && echo "ok: $OUTDIR/profile-$name.profile" || echo "FAILED: see logs/profile-$name.log")"
+  done
+fi
+
 # ------------------------------------------------------------------ report
 cp "$RESULTS" "$OUTDIR/gpu_check.csv"
 GC_DATE="$(date -u '+%Y-%m-%d %H:%M UTC')"

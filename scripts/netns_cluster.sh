@@ -18,12 +18,14 @@
 # RATE at the receiver; a ring never does that.
 #
 # Usage (as root):
-#   scripts/netns_cluster.sh up K [--rate 10gbit] [--subnet 10.77.0.0/24] [--prefix rtnode]
+#   scripts/netns_cluster.sh up K [--rate 10gbit] [--delay 0] [--subnet 10.77.0.0/24] [--prefix rtnode]
+#       --delay D (e.g. 100us, 1ms): one-way delay added to each node's outgoing packets (a
+#       netem qdisc above the tbf; needs a kernel with sch_netem, refused with a message if not)
 #   scripts/netns_cluster.sh down          remove everything `up` made (idempotent)
 #   scripts/netns_cluster.sh mpirun-args   mpirun flags for the cluster that is up, e.g.
 #       mpirun $(scripts/netns_cluster.sh mpirun-args) -np 2 build/allreduce_bench ...
 #   scripts/netns_cluster.sh check         exit 0 if namespaces work here, else say why, exit 1
-#   scripts/netns_cluster.sh run K [--rate R] [--subnet S] [--prefix P] -- COMMAND...
+#   scripts/netns_cluster.sh run K [--rate R] [--delay D] [--subnet S] [--prefix P] -- COMMAND...
 #       up, run COMMAND with RINGTRAIN_NETNS_MPIRUN_ARGS set to the mpirun flags, down; exits
 #       with COMMAND's status.
 # Files: /tmp/ringtrain-netns/{hostfile,rsh-agent,state}; /etc/hosts lines marked
@@ -51,7 +53,7 @@ usage() {
 }
 
 # ---- argument parsing shared by up and run ----
-K="" RATE=$DEFAULT_RATE SUBNET=$DEFAULT_SUBNET PREFIX=$DEFAULT_PREFIX
+K="" RATE=$DEFAULT_RATE DELAY=0 SUBNET=$DEFAULT_SUBNET PREFIX=$DEFAULT_PREFIX
 parse_up_args() {  # sets K RATE SUBNET PREFIX; leaves the rest (after --) in REST
   REST=()
   [ $# -ge 1 ] || die "up/run need K, the number of nodes (e.g. '$me up 2')"
@@ -63,10 +65,11 @@ parse_up_args() {  # sets K RATE SUBNET PREFIX; leaves the rest (after --) in RE
   while [ $# -gt 0 ]; do
     case $1 in
       --rate) [ $# -ge 2 ] || die "--rate needs a value (e.g. 10gbit)"; RATE=$2; shift 2 ;;
+      --delay) [ $# -ge 2 ] || die "--delay needs a value (e.g. 1ms)"; DELAY=$2; shift 2 ;;
       --subnet) [ $# -ge 2 ] || die "--subnet needs a value (e.g. 10.77.0.0/24)"; SUBNET=$2; shift 2 ;;
       --prefix) [ $# -ge 2 ] || die "--prefix needs a value (e.g. rtnode)"; PREFIX=$2; shift 2 ;;
       --) shift; REST=("$@"); return ;;
-      *) die "unknown argument '$1' (expected --rate, --subnet, --prefix or --)" ;;
+      *) die "unknown argument '$1' (expected --rate, --delay, --subnet, --prefix or --)" ;;
     esac
   done
 }
@@ -85,6 +88,19 @@ rate_bits() {
     gbit) echo $((n * 1000000000)) ;;
     tbit) echo $((n * 1000000000000)) ;;
   esac
+}
+
+# check_delay DELAY: 0, or a number with tc's time units us or ms (netem's delay).
+check_delay() {
+  [[ $1 =~ ^(0|[0-9]+(\.[0-9]+)?(us|ms))$ ]] ||
+    die "--delay must be 0 or a number with a unit of us or ms (e.g. 100us, 1ms), got '$1'"
+}
+
+# netem_missing: say so (exit 0) when this kernel cannot make a netem qdisc, the one kernel
+# qdisc that delays packets (tbf only shapes).
+netem_missing() {
+  ! zcat /proc/config.gz 2>/dev/null | grep -q '^CONFIG_NET_SCH_NETEM=[ym]' &&
+    ! grep -qw sch_netem /proc/modules 2>/dev/null && zcat /proc/config.gz >/dev/null 2>&1
 }
 
 # subnet_base SUBNET: the first three octets ("10.77.0") of an A.B.C.0/24 subnet.
@@ -114,6 +130,10 @@ cmd_up() {
   local base bits burst
   base=$(subnet_base "$SUBNET")
   bits=$(rate_bits "$RATE")
+  check_delay "$DELAY"
+  if [ "$DELAY" != 0 ] && netem_missing; then
+    die "--delay $DELAY needs the kernel's netem qdisc, and this kernel is built without it (CONFIG_NET_SCH_NETEM is not set in /proc/config.gz); run on a kernel with sch_netem, or without --delay"
+  fi
   if [ -e "$STATE_FILE" ] || ip link show "$BRIDGE" >/dev/null 2>&1; then
     die "a cluster is already up (state in $STATE_DIR or bridge $BRIDGE exists); run '$me down' first"
   fi
@@ -138,7 +158,7 @@ cmd_up() {
   trap 'say "up failed; removing what was made"; cmd_down >/dev/null 2>&1 || true' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
-  printf 'K=%s\nRATE=%s\nSUBNET=%s\nPREFIX=%s\n' "$K" "$RATE" "$SUBNET" "$PREFIX" >"$STATE_FILE"
+  printf 'K=%s\nRATE=%s\nDELAY=%s\nSUBNET=%s\nPREFIX=%s\n' "$K" "$RATE" "$DELAY" "$SUBNET" "$PREFIX" >"$STATE_FILE"
 
   ip link add "$BRIDGE" type bridge
   ip addr add "$base.254/24" dev "$BRIDGE"
@@ -158,7 +178,15 @@ cmd_up() {
     ip link set "${node}h" master "$BRIDGE"
     ip link set "${node}h" up
     # Egress of the node's eth0 = the node's outgoing link.
-    tc -n "$node" qdisc add dev eth0 root tbf rate "$RATE" burst "$burst" latency 10ms
+    # With --delay, netem holds each packet DELAY and hands it to the tbf below it, so a packet
+    # waits the delay plus its turn on the wire. netem's limit (packets) is set far above what
+    # DELAY x RATE holds, so that it never drops.
+    if [ "$DELAY" = 0 ]; then
+      tc -n "$node" qdisc add dev eth0 root tbf rate "$RATE" burst "$burst" latency 10ms
+    else
+      tc -n "$node" qdisc add dev eth0 root handle 1: netem delay "$DELAY" limit 1000000
+      tc -n "$node" qdisc add dev eth0 parent 1:1 handle 10: tbf rate "$RATE" burst "$burst" latency 10ms
+    fi
     echo "$node slots=1" >>"$HOSTFILE"
     hostsblock+="$base.$i $node $HOSTS_MARK"$'\n'
   done
@@ -167,7 +195,7 @@ cmd_up() {
 
   write_agent
   trap - EXIT INT TERM
-  say "up: $K nodes ${PREFIX}1..$PREFIX$K on $SUBNET (bridge $BRIDGE $base.254), each node's outgoing link limited to $RATE (tbf burst $burst B, latency 10ms)"
+  say "up: $K nodes ${PREFIX}1..$PREFIX$K on $SUBNET (bridge $BRIDGE $base.254), each node's outgoing link limited to $RATE, delay $DELAY (tbf burst $burst B, latency 10ms)"
   echo "$HOSTFILE"
 }
 

@@ -60,6 +60,12 @@ expect_usage "--repeats" --repeats 2000000
 expect_usage "--window" --window 100000     # segments in flight would share MPI tags
 expect_usage "--segment-kb" --segment-kb 3000000  # a segment's bytes beyond an int count
 expect_usage "--segment-kb" --segment-kb -1       # size_t: would wrap to 2^64 - 1
+expect_usage "--spin-us" --spin-us -1
+expect_usage "--spin-us" --spin-us 2000000
+# --spin-us is applied and said: the preamble names it, the run is right
+out=$(timeout 60 "${launch[@]}" "$bench" -b 4K -e 16K -f 4 -n 2 -w 1 --spin-us 50 2>&1) ||
+  fail "--spin-us 50 run exited non-zero: $out"
+grep -qF "poll without pause for 50 us" <<<"$out" || fail "--spin-us 50: the preamble does not say it: $out"
 
 # A failure on rank 0 alone (the CSV cannot be opened) aborts every rank.
 expect_error "$work/missing/out.csv" -b 1K -e 4K --csv "$work/missing/out.csv"
