@@ -6,12 +6,11 @@
 #   1. measures the link: allreduce_bench sweeps (ring, 16 KiB to 32 MiB), once waiting as
 #      mnist_train's main thread waits (the library's 1 ms spin: --overlap off) and once as its
 #      overlap thread does (--spin-us 50: --overlap on);
-#   2. measures each model's compute profile: a short mnist_train run with --overlap off and
-#      --timeline (data, forward, backward, each bucket's ready time, optimizer), the ranks
-#      computing together on this machine's cores as in the runs measured next, each step's
-#      figures those of the rank the ring waits for (the slowest to finish backward);
-#   3. measures the step with --overlap on and off (--timeline: the median step);
-#   4. predicts each step from 1 and 2 alone (scripts/scaling_validation.py): the link fitted
+#   2. measures the step with --overlap on and off (--timeline: the median step), in rounds;
+#   3. takes each model's compute profile from its --overlap off runs: data, forward, backward,
+#      each bucket's ready time, optimizer, each step's figures those of the rank the ring waits
+#      for (the slowest to finish backward); their communication is not an input;
+#   4. predicts each step from 1 and 3 alone (scripts/scaling_validation.py): the link fitted
 #      to the sweep rows around the model's bucket sizes, of this N alone and of every N at once.
 # It writes docs/scaling-validation.md (OUT) with one row per configuration and, last, a line
 # `max relative error X`, and a CSV beside it.
@@ -20,7 +19,7 @@
 #   RATES="1gbit 10gbit"  RANKS="2 3 4"  MODELS="mlp cnn wide"
 #   DELAYS="0 100us 1ms"  one-way delays; a delay the kernel cannot add (no sch_netem) is
 #                         skipped and the report says so
-#   ROUNDS=2              runs of each kind per configuration, interleaved
+#   ROUNDS=3              runs of each kind per configuration, interleaved
 #   RINGTRAIN_DATA        data (default ../shared/data/mnist, else Fashion-MNIST)
 #   OUT                   the report (default docs/scaling-validation.md)
 set -euo pipefail
@@ -32,7 +31,7 @@ rates="${RATES:-1gbit 10gbit}"
 ranks_list="${RANKS:-2 3 4}"
 models="${MODELS:-mlp cnn wide}"
 delays="${DELAYS:-0 100us 1ms}"
-rounds="${ROUNDS:-2}"
+rounds="${ROUNDS:-3}"
 model_py="$repo/scripts/scaling_model.py"
 net="$repo/scripts/netns_cluster.sh"
 log() { echo "[validate_scaling_model] $*" >&2; }
@@ -94,19 +93,20 @@ for rate in $rates; do
           --csv "$work/bench-$rate-$delay-$np-spin$spin.csv" >"$work/bench.log" 2>&1 ||
           { log "allreduce_bench failed:"; tail -5 "$work/bench.log" >&2; exit 1; }
       done
-      # Rounds of (profile, overlap on, overlap off), so that a slow spell of the machine falls
-      # on every kind of run alike; each figure is the median over every kept step of its runs.
+      # Rounds of (overlap on, overlap off), so that a slow spell of the machine falls on both
+      # kinds of run alike; each figure is the median over every kept step of its runs.
       for ((round = 1; round <= rounds; round++)); do
         for model in $models; do
-          log "round $round: $model, $np ranks, $rate, delay $delay: profile, overlap on, off"
-          train "$np" off "$model" "$work/prof-$rate-$delay-$model-$np-r$round.json" "${netargs[@]}"
+          log "round $round: $model, $np ranks, $rate, delay $delay: overlap on, off"
           for overlap in on off; do
             train "$np" "$overlap" "$model" "$work/meas-$rate-$delay-$model-$np-$overlap-r$round.json" "${netargs[@]}"
           done
         done
       done
+      # The compute profile: the --overlap off runs' compute parts (their communication, the
+      # wait for the gradients, is not an input), each step's slowest rank.
       for model in $models; do
-        python3 "$model_py" profile --rank slowest "$work/prof-$rate-$delay-$model-$np"-r*.json \
+        python3 "$model_py" profile --rank slowest "$work/meas-$rate-$delay-$model-$np-off"-r*.json \
           >"$work/prof-$rate-$delay-$model-$np.profile"
       done
       bash "$net" down >/dev/null
