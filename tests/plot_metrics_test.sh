@@ -51,20 +51,8 @@ else
   fail "docs/usage.md's metrics schema lacks: $out"
 fi
 
-plot_run() {  # plot_run NAME args...: exit status in $status, output in NAME.out
-  local name=$1
-  shift
-  timeout -k 5 120 "$python" "$plot" "$@" </dev/null >"$name.out" 2>&1
-  status=$?
-}
-refused() {  # refused WHAT TEXT: a non-zero exit naming TEXT, and no PNG written
-  if [ "$status" -ne 0 ] && grep -qF -- "$2" "$last.out" && ! ls ./*.png >/dev/null 2>&1; then
-    pass "$1: $(grep -F -- "$2" "$last.out" | head -n 1)"
-  else
-    fail "$1 (exit $status): $(cat "$last.out")"
-  fi
-  rm -f ./*.png
-}
+# shellcheck source=tests/support/plot_run_lib.sh
+source "$here/support/plot_run_lib.sh"
 last=no_output; plot_run "$last" two_ranks.jsonl
 refused "no -o" "-o/--output"
 last=no_folder; plot_run "$last" -o "$work/absent/out.png" two_ranks.jsonl

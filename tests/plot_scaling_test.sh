@@ -79,21 +79,8 @@ else
   fail "the speedups plot_scaling.py draws: $out"
 fi
 
-plot_run() {  # plot_run NAME args...: exit status in $status, output in NAME.out
-  local name=$1
-  shift
-  timeout -k 5 120 "$python" "$plot" "$@" </dev/null >"$name.out" 2>&1
-  status=$?
-}
-refused() {  # refused WHAT TEXT: a non-zero exit naming TEXT, and no PNG written
-  if [ "$status" -ne 0 ] && grep -qF -- "$2" "$last.out" && ! ls ./*.png ./.*.png* >/dev/null 2>&1
-  then
-    pass "$1: $(grep -F -- "$2" "$last.out" | head -n 1)"
-  else
-    fail "$1 (exit $status, want non-zero naming '$2', no PNG): $(cat "$last.out")"
-  fi
-  rm -f ./*.png ./.*.png*
-}
+# shellcheck source=tests/support/plot_run_lib.sh
+source "$here/support/plot_run_lib.sh"
 last=absent; plot_run "$last" "$work/absent.csv" out.png
 refused "a CSV that does not exist" "$work/absent.csv"
 : >empty.csv
