@@ -96,11 +96,14 @@ check_delay() {
     die "--delay must be 0 or a number with a unit of us or ms (e.g. 100us, 1ms), got '$1'"
 }
 
-# netem_missing: say so (exit 0) when this kernel cannot make a netem qdisc, the one kernel
-# qdisc that delays packets (tbf only shapes).
+# netem_missing: true (exit 0) when this kernel's configuration is readable and has no netem
+# qdisc, the one kernel qdisc that delays packets (tbf only shapes); false when it has one or
+# the configuration cannot be read (then `up` tries, and a failing tc undoes what was made).
 netem_missing() {
-  ! zcat /proc/config.gz 2>/dev/null | grep -q '^CONFIG_NET_SCH_NETEM=[ym]' &&
-    ! grep -qw sch_netem /proc/modules 2>/dev/null && zcat /proc/config.gz >/dev/null 2>&1
+  local config
+  config=$(zcat /proc/config.gz 2>/dev/null) || return 1
+  # (a here-string, not a pipe: grep -q leaving early would fail the pipe under pipefail)
+  ! grep -qE '^CONFIG_NET_SCH_NETEM=[ym]' <<<"$config" && ! grep -qw sch_netem /proc/modules 2>/dev/null
 }
 
 # subnet_base SUBNET: the first three octets ("10.77.0") of an A.B.C.0/24 subnet.

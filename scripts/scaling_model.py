@@ -39,13 +39,22 @@ class InputError(Exception):
 
 def step_parts(trace, source="trace", skip=3, rank=0):
     """Each kept step of a timeline: {part: ms} and its buckets' ready times (ms from the step's
-    backward start) and sizes. skip: the first steps left out (the first touches every page;
-    the next ones warm caches). rank: whose steps; SLOWEST: in each step, the rank whose data,
-    forward and backward took longest, the one the ring waits for."""
+    backward start) and sizes. skip: the first steps of the trace left out (the first touches
+    every page; the next ones warm caches), counted from the trace's first step, so that a
+    resumed run's trace is treated alike. rank: whose steps; SLOWEST: in each step, the rank
+    whose backward ended last (the ranks' clocks are aligned in the trace), the one every ring
+    waits for. A GPU step's phases are the compute stream's (tid 2), timed by CUDA events; the
+    host lane's spans of such a rank (the batch's upload queued, the next batch prefetched while
+    the GPU computes) are then not the step's parts."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise InputError(f"{source}: not a Chrome trace (no traceEvents list); "
                          "pass the file mnist_train --timeline wrote")
+    for rank_info in (trace.get("otherData") or {}).get("clock_alignment", []):
+        if rank_info.get("dropped_events"):
+            raise InputError(f"{source}: rank {rank_info.get('rank')} dropped "
+                             f"{rank_info['dropped_events']} events (the timeline's store was "
+                             "full): trace fewer --steps")
     steps = {}  # step -> rank -> events
     for e in events:
         if e.get("ph") not in ("X", "i") or not isinstance(e.get("pid"), int):
@@ -57,23 +66,34 @@ def step_parts(trace, source="trace", skip=3, rank=0):
             continue
         steps.setdefault(step, {}).setdefault(e["pid"], []).append(e)
     kept = []
-    for s in sorted(x for x in steps if x >= skip):
+    for s in sorted(steps)[skip:]:
         candidates = []
         for events_of_rank in steps[s].values():
+            on_device = any(e.get("tid") == GPU_COMPUTE_STREAM for e in events_of_rank)
             by_cat = {}
             for e in events_of_rank:
+                if on_device and e.get("cat") in PHASES and e.get("tid") != GPU_COMPUTE_STREAM:
+                    continue
                 by_cat.setdefault(e.get("cat"), []).append(e)
             if "step" not in by_cat or "backward" not in by_cat:
                 continue
             parts = {k: sum(e.get("dur", 0.0) for e in by_cat.get(k, [])) / 1000.0 for k in PARTS}
-            backward_begin = by_cat["backward"][0]["ts"]
-            buckets = {e["args"]["bucket"]: ((e["ts"] - backward_begin) / 1000.0,
-                                             e["args"]["elements"])
-                       for e in by_cat.get("bucket_ready", [])}
-            candidates.append((parts, buckets))
+            # The last backward: under --accumulate-steps the buckets become ready in the last
+            # pass.
+            last_backward = max(by_cat["backward"], key=lambda e: e["ts"])
+            backward_begin = last_backward["ts"]
+            try:
+                buckets = {e["args"]["bucket"]: ((e["ts"] - backward_begin) / 1000.0,
+                                                 e["args"]["elements"])
+                           for e in by_cat.get("bucket_ready", [])}
+            except (KeyError, TypeError):
+                raise InputError(f"{source}: a bucket_ready event without args.bucket and "
+                                 "args.elements; pass a trace mnist_train --timeline wrote")
+            backward_end = last_backward["ts"] + last_backward.get("dur", 0.0)
+            candidates.append((backward_end, parts, buckets))
         if candidates:
-            kept.append(max(candidates, key=lambda c: c[0]["data"] + c[0]["forward"]
-                            + c[0]["backward"]))
+            _, parts, buckets = max(candidates, key=lambda c: c[0])
+            kept.append((parts, buckets))
     if not kept:
         who = "any rank" if rank == SLOWEST else f"rank {rank}"
         raise InputError(f"{source}: {who} has no complete step (step and backward spans) "
@@ -81,6 +101,8 @@ def step_parts(trace, source="trace", skip=3, rank=0):
     return kept
 
 
+GPU_COMPUTE_STREAM = 2  # TraceLane::kComputeStream
+PHASES = ("data", "forward", "backward", "grad_wait", "optimizer")
 SLOWEST = "slowest"
 PARTS = ("step", "data", "forward", "backward", "optimizer", "grad_wait")
 
@@ -153,15 +175,15 @@ def fit_link(samples, min_bytes=0, reduce_bytes_per_s=None):
 
     The ring's time is 2(N-1) alpha + 2(N-1)/N bytes / bandwidth [+ (N-1)/N bytes / reduce];
     with reduce_bytes_per_s None the reduction is inside the fitted bandwidth (allreduce_bench
-    times both together). Samples under min_bytes are left out. Rows are weighted by 1/t, so
-    that the fit is good in relative terms at every size (the step model sums buckets from
-    256 KB to 4 MB; an unweighted fit would serve only the largest).
+    times both together). Samples under min_bytes are left out. Each residual is divided by
+    its row's time, so that the fit is good in relative terms at every size (an unweighted fit
+    would serve only the largest).
     """
     rows = [(n, b, t) for n, b, t in samples if n > 1 and b >= min_bytes]
     if len(rows) < 2:
         raise InputError("fit-link: need at least two rows with ranks > 1 (run allreduce_bench "
                          "over several sizes)")
-    # minimise sum ((x1 a + x2 c - y) / y)^2, a = alpha, c = 1/bandwidth
+    # minimise sum ((x1 a + x2 c - y) / t)^2, a = alpha, c = 1/bandwidth
     s11 = s12 = s22 = s1y = s2y = 0.0
     targets = []  # (x1, x2, y, t)
     for n, b, t in rows:
@@ -177,7 +199,7 @@ def fit_link(samples, min_bytes=0, reduce_bytes_per_s=None):
         s2y += w * x2 * y
         targets.append((x1, x2, y, t))
     det = s11 * s22 - s12 * s12
-    if det <= 0:
+    if det <= 1e-12 * s11 * s22:  # collinear: one size and one N, or nearly
         raise InputError("fit-link: the sizes do not separate latency from bandwidth; "
                          "sweep sizes over at least a factor of 4")
     # Non-negative least squares in two unknowns: the free minimum if both are >= 0, else the
@@ -200,7 +222,8 @@ def fit_link(samples, min_bytes=0, reduce_bytes_per_s=None):
         raise InputError("fit-link: the rows give neither a positive latency nor a positive "
                          "bandwidth; the sweep is too noisy or too small")
     alpha, inv_bw = min(candidates, key=weighted_error)
-    link = {"alpha_s": alpha, "bandwidth_bytes_per_s": 1.0 / inv_bw if inv_bw > 0 else math.inf,
+    # None: no bandwidth term (JSON has no infinity)
+    link = {"alpha_s": alpha, "bandwidth_bytes_per_s": 1.0 / inv_bw if inv_bw > 0 else None,
             "reduce_bytes_per_s": reduce_bytes_per_s, "rows": len(rows)}
     link["max_fit_error"] = max(abs(ring_seconds(b, n, link) - t) / t for n, b, t in rows)
     return link
@@ -237,7 +260,9 @@ def ring_seconds(nbytes, n, link):
     """One ring allreduce of nbytes over n ranks: scatter-reduce then allgather."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    t = 2 * (n - 1) * link["alpha_s"] + 2 * (n - 1) / n * nbytes / link["bandwidth_bytes_per_s"]
+    t = 2 * (n - 1) * link["alpha_s"]
+    if link["bandwidth_bytes_per_s"]:  # None: a link without a bandwidth term (fit_link)
+        t += 2 * (n - 1) / n * nbytes / link["bandwidth_bytes_per_s"]
     if link.get("reduce_bytes_per_s"):
         t += (n - 1) / n * nbytes / link["reduce_bytes_per_s"]
     return t
@@ -259,13 +284,18 @@ def two_level_seconds(nbytes, nodes, per_node, intra, inter):
 
 
 def allreduce_seconds(nbytes, n, topology):
-    """topology: {"kind": "flat", "link": L} or {"kind": "two-level", "per_node": G,
-    "intra": L, "inter": L}; N ranks fill whole nodes (a partial node is one flat ring)."""
+    """topology: {"kind": "flat", "link": L}, {"kind": "flat-over-nodes", ...} (one ring over
+    every rank of nodes of G: the intra link up to G ranks, the inter link above) or
+    {"kind": "two-level", "per_node": G, "intra": L, "inter": L}. Two-level: up to G ranks are one node's ring; above, ceil(N / G)
+    nodes, each costed as a full node of G."""
     if topology["kind"] == "flat":
         return ring_seconds(nbytes, n, topology["link"])
     g = topology["per_node"]
     if n <= g:
         return ring_seconds(nbytes, n, topology["intra"])
+    if topology["kind"] == "flat-over-nodes":
+        # one ring over every rank: each step waits for its slowest hops, those between nodes
+        return ring_seconds(nbytes, n, topology["inter"])
     nodes = math.ceil(n / g)
     return two_level_seconds(nbytes, nodes, g, topology["intra"], topology["inter"])
 
@@ -273,11 +303,18 @@ def allreduce_seconds(nbytes, n, topology):
 def ps_seconds(nbytes, workers, servers, link):
     """Synchronous parameter servers: every worker pushes its gradient (1/S to each server)
     and pulls the new parameters back; a server's link carries workers x nbytes / S each way,
-    a worker's nbytes each way. The slower of the two sets the time (full duplex links)."""
+    a worker's nbytes each way. The slower of the two sets the time (full duplex links); a
+    worker's S pushes (and pulls) are in flight at once, so one latency each way; a server
+    adds the workers' shards (workers x nbytes / S through the reduction)."""
     if workers <= 0:
         return 0.0
     per_link = max(nbytes, workers * nbytes / servers)
-    return 2 * link["alpha_s"] + 2 * per_link / link["bandwidth_bytes_per_s"]
+    t = 2 * link["alpha_s"]
+    if link["bandwidth_bytes_per_s"]:
+        t += 2 * per_link / link["bandwidth_bytes_per_s"]
+    if link.get("reduce_bytes_per_s"):
+        t += workers * nbytes / servers / link["reduce_bytes_per_s"]
+    return t
 
 
 # ---------------------------------------------------------------- one step, event by event
@@ -320,21 +357,25 @@ def compute_ms(profile):
             + profile["optimizer_ms"] + profile["other_ms"])
 
 
-def strategy_step(profile, n, strategy, topology, overlap=True, servers=1, every=1):
+def strategy_step(profile, n, strategy, topology, overlap=True, servers=1, every=1,
+                  averaged_copies=1):
     """Step ms at n ranks: strategy "ring" (buckets over the allreduce, overlapped or not),
     "ps" (S parameter servers, synchronous: push and pull after backward, as ringtrain's ps
-    does), "local-sgd" (no gradient averaging; the parameters averaged by one allreduce every
-    `every` steps, after the optimizer, so 1/every of it per step)."""
+    does), "local-sgd" (no gradient averaging; the parameters and the optimizer's state,
+    averaged_copies times the parameters' bytes in all (2 for SGD with momentum, 3 for Adam:
+    LocalSgd::average averages every state buffer), averaged by one allreduce every `every`
+    steps after the optimizer, so 1/every of it per step)."""
     if n <= 1:
         return compute_ms(profile)
     total = sum(b["bytes"] for b in profile["buckets"])
     if strategy == "ring":
         return simulate_step(profile, lambda nb: allreduce_seconds(nb, n, topology), overlap)["step_ms"]
-    link = topology["link"] if topology["kind"] == "flat" else topology["inter"]
+    link = topology["link"] if topology["kind"] == "flat" else topology["inter"]  # servers' NICs
     if strategy == "ps":
         return compute_ms(profile) + 1000.0 * ps_seconds(total, n, servers, link)
     if strategy == "local-sgd":
-        return compute_ms(profile) + 1000.0 * allreduce_seconds(total, n, topology) / every
+        averaged = averaged_copies * total
+        return compute_ms(profile) + 1000.0 * allreduce_seconds(averaged, n, topology) / every
     raise ValueError(f"unknown strategy {strategy}")
 
 
@@ -348,6 +389,16 @@ def load_json(path, what):
         raise InputError(f"{path}: cannot read {what} ({err.strerror})")
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: not JSON ({err}); pass the {what} this script wrote")
+
+
+PROFILE_KEYS = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "buckets")
+
+
+def require(obj, path, what, keys):
+    missing = [k for k in keys if not isinstance(obj, dict) or k not in obj]
+    if missing:
+        raise InputError(f"{path}: not a {what} (lacks {', '.join(missing)}); write one with "
+                         f"scaling_model.py {'profile' if what == 'profile' else 'fit-link'}")
 
 
 def rank_arg(text):
@@ -389,6 +440,8 @@ def main(argv):
         else:
             prof = load_json(a.profile, "profile")
             link = load_json(a.link, "link")
+            require(prof, a.profile, "profile", PROFILE_KEYS)
+            require(link, a.link, "link", ("alpha_s", "bandwidth_bytes_per_s"))
             out = simulate_step(prof, lambda nb: ring_seconds(nb, a.ranks, link), a.overlap == "on")
     except InputError as err:
         print(f"scaling_model.py: {err}", file=sys.stderr)

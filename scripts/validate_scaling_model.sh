@@ -3,7 +3,7 @@
 # (scripts/netns_cluster.sh: one network namespace per rank, rate-limited links, Open MPI over
 # TCP). For each link rate (and added delay, where the kernel can add one) and each N, on that
 # cluster it
-#   1. measures the link: allreduce_bench sweeps (ring, 16 KiB to 32 MiB), once waiting as
+#   1. measures the link: allreduce_bench sweeps (ring, 16 KiB to 16 MiB), once waiting as
 #      mnist_train's main thread waits (the library's 1 ms spin: --overlap off) and once as its
 #      overlap thread does (--spin-us 50: --overlap on);
 #   2. measures the step with --overlap on and off (--timeline: the median step), in rounds;
@@ -21,7 +21,9 @@
 #                         skipped and the report says so
 #   ROUNDS=3              runs of each kind per configuration, interleaved
 #   RINGTRAIN_DATA        data (default ../shared/data/mnist, else Fashion-MNIST)
-#   OUT                   the report (default docs/scaling-validation.md)
+#   OUT                   the report (default docs/scaling-validation.md); it and its CSV are
+#                         written only when the run completes
+#   KEEP=DIR              keep the traces, profiles and sweeps behind every figure in DIR
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$repo/build}"
@@ -44,8 +46,19 @@ for exe in mnist_train allreduce_bench; do
 done
 why=$(bash "$net" check 2>&1) || { log "the emulated cluster cannot run here: $why"; exit 3; }
 
-work="$(mktemp -d)"
-trap 'bash "$net" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+[[ -d "$(dirname "$out_md")" ]] || { log "OUT=$out_md: the folder $(dirname "$out_md") does not exist"; exit 2; }
+for model in $models; do
+  case $model in mlp | cnn | wide) ;; *) log "MODELS: unknown model '$model' (mlp, cnn, wide)"; exit 2 ;; esac
+done
+if [[ -n "${KEEP:-}" ]]; then
+  mkdir -p "$KEEP" && [[ -z "$(ls -A "$KEEP")" ]] || { log "KEEP=$KEEP must be an empty or new folder"; exit 2; }
+  work="$(cd "$KEEP" && pwd)"
+  trap 'bash "$net" down >/dev/null 2>&1 || true' EXIT
+else
+  work="$(mktemp -d)"
+  trap 'bash "$net" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+fi
+stamp="$(date -u '+%Y-%m-%d %H:%M UTC'), ringtrain $(git -C "$repo" describe --always --dirty)"
 
 # model flags|per-rank batch|steps (the first 3 are left out of every median)
 model_spec() {
@@ -53,7 +66,7 @@ model_spec() {
     mlp) echo "--model mlp|128|60" ;;
     cnn) echo "--model cnn|128|60" ;;
     wide) echo "--model mlp --hidden 4096,4096|128|11" ;;
-    *) log "unknown model $1 (mlp, cnn, wide)"; exit 2 ;;
+    *) return 2 ;;  # MODELS is checked before anything runs
   esac
 }
 common=(--data-dir "$data" --optimizer sgd --momentum 0.9 --lr 0.01 --threads 1 --log-every 0
@@ -73,18 +86,23 @@ train() {
     { log "mnist_train -np $np $flags --overlap $overlap failed:"; tail -5 "$work/train.log" >&2; return 1; }
 }
 
-echo "rate,delay,ranks,model,overlap,measured_ms,compute_ms,predicted_ms,error,predicted_one_link_ms,error_one_link,alpha_us,bandwidth_gbps,fit_rows,fit_error" >"$out_csv"
+csv="$work/validation.csv"
+echo "rate,delay,ranks,model,overlap,measured_ms,compute_ms,predicted_ms,error,predicted_one_link_ms,error_one_link,alpha_us,bandwidth_gbps,fit_rows,fit_error" >"$csv"
 skipped=()
 for rate in $rates; do
   for delay in $delays; do
-    got_any=0
+    measured=""
     for np in $ranks_list; do
       if ! bash "$net" up "$np" --rate "$rate" --delay "$delay" >"$work/up.log" 2>&1; then
+        # Only a delay this kernel cannot add is a skip; any other failure to make the cluster
+        # is an error.
+        grep -q "needs the kernel's netem qdisc" "$work/up.log" ||
+          { log "netns_cluster.sh up $np --rate $rate --delay $delay failed:"; cat "$work/up.log" >&2; exit 1; }
         skipped+=("$rate, delay $delay: $(tail -1 "$work/up.log")")
         log "skipped: $(tail -1 "$work/up.log")"
         break
       fi
-      got_any=1
+      measured+=" $np"
       read -ra netargs <<<"$(bash "$net" mpirun-args | tr '\n' ' ')"
       log "link: $rate, delay $delay, $np ranks"
       for spin in 1000 50; do
@@ -111,12 +129,14 @@ for rate in $rates; do
       done
       bash "$net" down >/dev/null
     done
-    [[ $got_any == 1 ]] || continue
-    python3 "$repo/scripts/scaling_validation.py" rows "$work" "$rate" "$delay" "$ranks_list" "$models" >>"$out_csv"
+    [[ -n $measured ]] || continue
+    python3 "$repo/scripts/scaling_validation.py" rows "$work" "$rate" "$delay" "$measured" "$models" >>"$csv"
   done
 done
 
-python3 "$repo/scripts/scaling_validation.py" report "$out_csv" "$work" "$rates" "$delays" \
-  "$(git -C "$repo" rev-parse --short HEAD)" "$data" "$(printf '%s\n' "${skipped[@]+"${skipped[@]}"}")" >"$out_md"
+python3 "$repo/scripts/scaling_validation.py" report "$csv" "$stamp" "$data" \
+  "$(printf '%s\n' "${skipped[@]+"${skipped[@]}"}")" >"$work/validation.md"
+cp "$csv" "$out_csv.tmp" && mv "$out_csv.tmp" "$out_csv"
+cp "$work/validation.md" "$out_md.tmp" && mv "$out_md.tmp" "$out_md"
 cat "$out_md"
-log "wrote $out_md and $out_csv"
+log "wrote $out_md and $out_csv${KEEP:+; the runs behind them are in $work}"

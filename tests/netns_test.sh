@@ -6,6 +6,7 @@
 # shows 1-3 GB/s), which proves the bytes crossed the rate-limited veth links. Afterwards
 # nothing of the cluster may be left: no namespaces, no bridge, no /etc/hosts lines.
 # Needs root and iproute2; without them it prints "SKIPPED: why" and exits 77 (ctest: skipped).
+# Also, without root: --delay's netem probe on made-up kernel configurations.
 # Usage: netns_test.sh MPIEXEC PATH/TO/allreduce_bench
 set -uo pipefail
 mpiexec=$1
@@ -14,7 +15,23 @@ cluster="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/netns_cluster.
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
+# --delay's netem probe under pipefail, on made-up kernel configurations (no root needed): a
+# config that has netem (its line deep in a long file, where a pipe into grep -q would fail),
+# one without, and one that cannot be read (then up tries tc itself).
+probe() {  # probe CONFIG_TEXT_COMMAND: "missing" or "present"
+  bash -c 'set -o pipefail; source <(sed -n "/^netem_missing()/,/^}/p" "$1")
+    made_up=$2; zcat() { eval "$made_up"; }; netem_missing && echo missing || echo present' probe "$cluster" "$1"
+}
+[ "$(probe 'seq 1 100000; echo CONFIG_NET_SCH_NETEM=y; seq 1 100000')" = present ] ||
+  fail "netem_missing: a config with CONFIG_NET_SCH_NETEM=y read as missing"
+[ "$(probe 'seq 1 1000; echo "# CONFIG_NET_SCH_NETEM is not set"')" = missing ] ||
+  fail "netem_missing: a config without netem read as present"
+[ "$(probe 'return 1')" = present ] || fail "netem_missing: an unreadable config read as missing"
+out=$(bash "$cluster" up 2 --delay 1x 2>&1) && fail "up --delay 1x exited 0"
+grep -qF -- "--delay must be 0 or a number" <<<"$out" || fail "up --delay 1x: $out"
+
 if ! why=$(bash "$cluster" check 2>&1); then
+  [ "$failures" -eq 0 ] || { echo "$failures failure(s) before the cluster part"; exit 1; }
   echo "SKIPPED: ${why#netns_cluster.sh: }"
   exit 77
 fi
