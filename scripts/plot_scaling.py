@@ -59,17 +59,17 @@ def can_import_matplotlib(python):
         capture_output=True).returncode == 0
 
 
-def ensure_matplotlib():
-    """Runs this script again under /usr/bin/python3 when this python3 has no matplotlib (and
-    that one has), before any scratch folder is made; exits 3 when none has it."""
+def ensure_matplotlib(prog=PROG, reexec_flag="PLOT_SCALING_REEXEC"):
+    """Runs this script (the one running, sys.argv) again under /usr/bin/python3 when this
+    python3 has no matplotlib (and that one has), before any scratch folder is made; exits 3
+    when none has it. reexec_flag: the environment variable that marks the second run."""
     import importlib.util
     if importlib.util.find_spec("matplotlib") is not None:
         return
     # Another python3 first on PATH does not see Debian's packages: try the system's.
-    if not os.environ.get("PLOT_SCALING_REEXEC") and can_import_matplotlib(SYSTEM_PYTHON):
-        os.execve(SYSTEM_PYTHON, [SYSTEM_PYTHON] + sys.argv,
-                  dict(os.environ, PLOT_SCALING_REEXEC="1"))
-    print(f"{PROG}: matplotlib cannot be imported by " + sys.executable +
+    if not os.environ.get(reexec_flag) and can_import_matplotlib(SYSTEM_PYTHON):
+        os.execve(SYSTEM_PYTHON, [SYSTEM_PYTHON] + sys.argv, dict(os.environ, **{reexec_flag: "1"}))
+    print(f"{prog}: matplotlib cannot be imported by " + sys.executable +
           (" nor " + SYSTEM_PYTHON if sys.executable != SYSTEM_PYTHON else "") +
           ": install Debian's python3-matplotlib (apt-get install python3-matplotlib) "
           "and run this again", file=sys.stderr)
@@ -256,22 +256,27 @@ def draw(plt, csv_path, output):
                loc="lower center", ncol=legend_columns, fontsize=8.5, frameon=False)
     fig.tight_layout(rect=(0, legend_inches / height, 1, 1))
 
-    # Into a fresh temporary beside the output, then renamed over it: a link at the output is
-    # replaced, not written through, and a failed draw leaves the old file whole.
+    write_atomically(output, lambda out: fig.savefig(out, format="png", dpi=100))
+    plt.close(fig)
+    return len(panels), sum(len(lines) for _, _, lines in panels)
+
+
+def write_atomically(output, write):
+    """write(binary file) into a fresh temporary beside output, then renamed over it: a link at
+    output is replaced, not written through, and a failed write leaves the old file whole. The
+    file gets the mode a plain open() would have given it."""
     folder, name = os.path.split(os.path.abspath(output))
     fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.tmp-")
     umask = os.umask(0)
     os.umask(umask)
     try:
-        os.chmod(temporary, 0o666 & ~umask)  # what a plain open() would have given it
+        os.chmod(temporary, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as out:
-            fig.savefig(out, format="png", dpi=100)
+            write(out)
         os.replace(temporary, output)
     except BaseException:
         os.unlink(temporary)
         raise
-    plt.close(fig)
-    return len(panels), sum(len(lines) for _, _, lines in panels)
 
 
 def main(argv):

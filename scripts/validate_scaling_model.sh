@@ -136,7 +136,14 @@ done
 
 python3 "$repo/scripts/scaling_validation.py" report "$csv" "$stamp" "$data" \
   "$(printf '%s\n' "${skipped[@]+"${skipped[@]}"}")" >"$work/validation.md"
-cp "$csv" "$out_csv.tmp" && mv "$out_csv.tmp" "$out_csv"
-cp "$work/validation.md" "$out_md.tmp" && mv "$out_md.tmp" "$out_md"
+# Through fresh temporaries beside each output, renamed over it: a link there is replaced, not
+# written through.
+publish() {  # publish FROM TO
+  local tmp
+  tmp=$(mktemp "$(dirname "$2")/.$(basename "$2").XXXXXX")
+  cp "$1" "$tmp" && chmod 644 "$tmp" && mv -f "$tmp" "$2"
+}
+publish "$csv" "$out_csv"
+publish "$work/validation.md" "$out_md"
 cat "$out_md"
 log "wrote $out_md and $out_csv${KEEP:+; the runs behind them are in $work}"
