@@ -56,7 +56,9 @@ EXIT_STATUS_RE = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n?\s*Exit
 DAEMON_LOST_RE = re.compile(r"lost communication with a remote daemon|daemon.*(?:failed|died|"
                             r"lost)|unable to reliably start one or more daemons|"
                             r"ORTE does not know how to route", re.IGNORECASE)
-WATCHDOG_RE = re.compile(r"watchdog", re.IGNORECASE)
+WATCHDOG_RE = re.compile(r"watchdog: .* made no progress")
+ERROR_RE = re.compile(r"\[error\] (.*)")
+PREEMPTED_RE = re.compile(r"preempted: .*every rank stopped after step (\d+)")
 RESUMED_RE = re.compile(r"resuming from |step \d+/\d+ ")
 
 
@@ -105,7 +107,7 @@ def program_config(program, args, timeout=60):
         raise ElasticError(f"--max-restarts: could not ask {program} for its configuration "
                            f"(--print-config): {e}", 2)
     if out.returncode != 0:
-        last = (out.stderr.strip() or out.stdout.strip() or "no message").splitlines()[-1]
+        last = (out.stderr.strip() or out.stdout.strip() or "no message").splitlines()[0]
         raise ElasticError(f"--max-restarts: {program} ARGS --print-config exited "
                            f"{out.returncode}: {last} (ringrun's restarts need a ringtrain "
                            f"trainer that reports its configuration, and flags it accepts)", 2)
@@ -221,8 +223,12 @@ class Launch:
     def __init__(self, cmd, on_line):
         self.tail = collections.deque(maxlen=self.TAIL)
         self.lock = threading.Lock()
+        # A session of its own: a signal to ringrun's process group (a terminal's ^C, a
+        # `timeout`, a shell's job control) reaches ringrun alone, which passes on what the job
+        # should get (SIGUSR1 for a stop: mpirun forwards it to the ranks; SIGTERM would make
+        # mpirun kill them a second later).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, start_new_session=True)
         self.started = time.monotonic()
         self.threads = [threading.Thread(target=self.copy, args=(self.proc.stdout, sys.stdout,
                                                                  on_line), daemon=True),
@@ -275,10 +281,13 @@ def failure_cause(status, output):
     if DAEMON_LOST_RE.search(output):
         line = next((l.strip() for l in output.splitlines() if DAEMON_LOST_RE.search(l)), "")
         return f"a host was lost: Open MPI lost a daemon ({line[:160]}) (exit {status})"
-    if status == EXIT_COMM or WATCHDOG_RE.search(output):
-        line = next((l.strip() for l in output.splitlines()
-                     if WATCHDOG_RE.search(l) and ("stall" in l or "progress" in l)), "")
-        return f"a stall ended by the watchdog{f': {line[:200]}' if line else ''} (exit {status})"
+    found = WATCHDOG_RE.search(output)
+    if found or status == EXIT_COMM:
+        line = found.group(0) if found else ""
+        return f"a stall ended by the watchdog{f' ({line[:200]})' if line else ''} (exit {status})"
+    found = ERROR_RE.search(output)
+    if found:
+        return f"{found.group(1).strip()[:240]} (exit {status})"
     found = EXIT_STATUS_RE.search(output)
     if found:
         return f"rank {found.group(1)} exited with code {found.group(2)} (exit {status})"
@@ -396,11 +405,18 @@ class Supervisor:
             if status == 0:
                 say("training completed" + (f" after {restarts} restart(s)" if restarts else ""))
                 return 0
-            if self.stop_signal is not None or status == EXIT_PREEMPTED:
-                say(f"the job stopped on a signal (exit {status}); "
-                    + ("its checkpoint is written: the same command resumes it"
-                       if status == EXIT_PREEMPTED else
-                       "the newest valid checkpoint is resumed by the same command"))
+            stopped = PREEMPTED_RE.search(output)
+            if self.stop_signal is not None or status == EXIT_PREEMPTED or stopped:
+                if stopped or status == EXIT_PREEMPTED:
+                    # The ranks stopped at one step and the chief checkpointed it (mpirun
+                    # reports 1 rather than the ranks' 75 when it was signalled itself).
+                    where = f" after step {stopped.group(1)}" if stopped else ""
+                    say(f"the job was preempted: it stopped{where} and checkpointed (job exit "
+                        f"{status}); the same command resumes it (exit {EXIT_PREEMPTED})")
+                    return EXIT_PREEMPTED
+                say(f"the job ended on a signal (exit {status}) without saying it "
+                    f"checkpointed; the same command resumes from the newest valid checkpoint "
+                    f"in {self.shape.checkpoint_dir}")
                 return status
             if self.interrupted:
                 say(f"interrupted (exit {status}); not restarting")
