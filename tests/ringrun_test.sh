@@ -402,6 +402,110 @@ expect_refusal "one machine under two names" \
   -np 4 -H rrhost1:2,rralias1:2 "${ssh_flags[@]}"
 
 # ---- (4) teardown leaves nothing ----
+# ---- (5) and (6): elastic runs (--max-restarts) across the hosts ----
+# The job: --reproducible, so any rank count gives the same bits as this one-rank run; rank 1
+# sleeps 20 ms a step so that the failure lands mid-run; the watchdog's timeout is 10 s.
+ejob=(--hidden 64 --global-batch-size 96 --reproducible --micro-batch 8 --steps 300 --seed 3
+      --optimizer sgd --momentum 0.9 --lr 0.05 --log-every 50 --checkpoint-every 20
+      --eval-batch 10000 --collective-timeout 10)
+eslow=(--test-slow-rank 1 --test-slow-ms 20)
+watchdog_s=10
+timeout -k 5 120 "$trainer" "${ejob[@]}" --checkpoint-dir "$tmp/eref" \
+  --save-params "$tmp/eref.bin" </dev/null >"$tmp/eref.log" 2>&1 ||
+  fail "(5) the uninterrupted one-rank run failed: $(tail -n 5 "$tmp/eref.log")"
+# wait_for FILE REGEX SECONDS: 0 once a line matches, 1 when the time is up.
+wait_for() {
+  local tries
+  for ((tries = 0; tries < $3 * 10; tries++)); do
+    grep -qE -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+elastic_flags=("${ssh_flags[@]}" --start-timeout 5 --max-restarts 2)
+
+# (5) rrhost2 dies mid-run (its ranks, its orted and its sshd, all SIGKILLed): ringrun drops
+# it at the next preflight and the job finishes on rrhost1's 2 ranks, byte-identical.
+timeout -k 5 200 python3 "$ringrun" -np 4 -H rrhost1:2,rrhost2:2 "${elastic_flags[@]}" -- \
+  "$trainer" "${ejob[@]}" "${eslow[@]}" --checkpoint-dir "$tmp/e5" --save-params "$tmp/e5.bin" \
+  </dev/null >"$tmp/e5.log" 2>&1 &
+rr_pid=$!
+killed_at=""
+if wait_for "$tmp/e5.log" "checkpoint: step (4|5|6|7|8)0 written" 90; then
+  # shellcheck disable=SC2046  # one PID per word
+  kill -KILL $(ip netns pids rrhost2) 2>/dev/null
+  killed_at=$(date +%s.%N)
+  resumed_after=""
+  if wait_for "$tmp/e5.log" "ringrun: training resumed" 60; then
+    resumed_after=$(seconds_since "$killed_at")
+  fi
+else
+  fail "(5) no checkpoint of step 40 within 90 s: $(tail -n 5 "$tmp/e5.log")"
+fi
+wait "$rr_pid"
+status=$?
+if [ -z "$killed_at" ]; then
+  :
+elif [ "$status" -ne 0 ]; then
+  fail "(5) exit $status after rrhost2 died: $(grep -E 'ringrun:|error' "$tmp/e5.log" | tail -n 12)"
+elif ! grep -q "ringrun: dropping rrhost2: connection refused" "$tmp/e5.log" ||
+     ! grep -q "ringrun: restart 1 of 2: np 2 on rrhost1:2 (per-rank batch 48)" "$tmp/e5.log"; then
+  fail "(5) rrhost2 was not dropped or the relaunch is not np 2 on rrhost1: $(grep ringrun: "$tmp/e5.log")"
+elif ! cmp -s "$tmp/e5.bin" "$tmp/eref.bin"; then
+  fail "(5) the parameters differ from the uninterrupted one-rank run's"
+elif [ -z "$resumed_after" ] ||
+     ! awk -v t="$resumed_after" -v w="$watchdog_s" 'BEGIN { exit !(t <= w + 10) }'; then
+  fail "(5) training resumed '${resumed_after:-never}' s after the kill (target: the watchdog's $watchdog_s s + 10)"
+else
+  pass "(5) rrhost2 killed mid-run: $(grep -m 1 'the job failed' "$tmp/e5.log" | sed 's/^ringrun: //' | cut -c1-160);" \
+       "dropped, relaunched on rrhost1:2, $(grep -m 1 -o 'resuming from [^:]*: step [0-9]*' "$tmp/e5.log" | sed 's|.*/||');" \
+       "training resumed $resumed_after s after the kill (target <= $((watchdog_s + 10)) s); completed," \
+       "byte-identical to the one-rank run"
+fi
+grep 'ringrun:' "$tmp/e5.log" | sed 's/^/    /'
+
+# (6) rrhost2 comes back: a hostfile that lists only rrhost1 at the start gets rrhost2 added;
+# when a rank on rrhost1 is then killed, the relaunch reads the file again and runs on both.
+start_sshd rrhost2 || fail "(6) sshd on rrhost2 did not start again"
+for ((tries = 0; tries < 50; tries++)); do
+  timeout 1 bash -c "exec 3<>/dev/tcp/$BASE.2/$PORT" 2>/dev/null && break
+  sleep 0.1
+done
+echo "rrhost1 slots=2" >"$tmp/elastic_hosts"
+timeout -k 5 200 python3 "$ringrun" -np 4 --hostfile "$tmp/elastic_hosts" "${elastic_flags[@]}" -- \
+  "$trainer" "${ejob[@]}" "${eslow[@]}" --checkpoint-dir "$tmp/e6" --save-params "$tmp/e6.bin" \
+  </dev/null >"$tmp/e6.log" 2>&1 &
+rr_pid=$!
+killed=""
+if wait_for "$tmp/e6.log" "checkpoint: step (4|5|6|7|8)0 written" 90; then
+  echo "rrhost2 slots=2" >>"$tmp/elastic_hosts"
+  for pid in $(ip netns pids rrhost1); do
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = mnist_train ]; then
+      kill -KILL "$pid" && killed=1
+      break
+    fi
+  done
+  [ -n "$killed" ] || fail "(6) no mnist_train rank found in rrhost1"
+else
+  fail "(6) no checkpoint of step 40 within 90 s: $(tail -n 5 "$tmp/e6.log")"
+fi
+wait "$rr_pid"
+status=$?
+if [ -z "$killed" ]; then
+  :
+elif [ "$status" -ne 0 ]; then
+  fail "(6) exit $status: $(grep -E 'ringrun:|error' "$tmp/e6.log" | tail -n 12)"
+elif ! grep -q "ringrun: launch: np 2 on rrhost1:2" "$tmp/e6.log" ||
+     ! grep -q "ringrun: restart 1 of 2: np 4 on rrhost1:2,rrhost2:2 (per-rank batch 24)" "$tmp/e6.log"; then
+  fail "(6) rrhost2 did not rejoin at the restart: $(grep ringrun: "$tmp/e6.log")"
+elif ! cmp -s "$tmp/e6.bin" "$tmp/eref.bin"; then
+  fail "(6) the parameters differ from the uninterrupted one-rank run's"
+else
+  pass "(6) a host that returns: launched on rrhost1:2 alone, rrhost2 added to the hostfile," \
+       "relaunched on rrhost1:2,rrhost2:2 after a killed rank; completed, byte-identical"
+fi
+grep 'ringrun:' "$tmp/e6.log" | sed 's/^/    /'
+
 cleanup
 trap - EXIT
 [ -z "$(our_namespaces)" ] || fail "(4) namespaces left: $(our_namespaces)"
