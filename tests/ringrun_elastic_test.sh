@@ -9,6 +9,7 @@
 #      --max-restarts relaunches with the last cause and the job's status; a per-rank
 #      --batch-size becomes the global batch it stands for;
 #  (d) a failure a relaunch cannot mend (a NaN, exit 5) is not restarted;
+#  (f) a stall ended by the watchdog (exit 4) is restarted, and met again gives up with exit 4;
 #  (e) SIGTERM to ringrun: the job checkpoints and stops within 10 s, ringrun exits 75, and the
 #      same command resumes and ends byte-identical to the uninterrupted run.
 # Every run is under `timeout`. Skips (77) without python3 or mpirun.
@@ -145,6 +146,19 @@ elif grep -q "ringrun: restart" "$work/d.log" || ! grep -q "not restarting: the 
   fail "(d) a diverged run was restarted or not explained: $(grep ringrun: "$work/d.log")"
 else
   pass "(d) a NaN (exit 5) is not restarted: $(grep 'not restarting' "$work/d.log" | sed 's/^ringrun: //')"
+fi
+
+# ---- (f) a stall ended by the watchdog is restarted (and, met again, ends the job) ----
+timeout -k 5 120 python3 "$ringrun" --mpi-args "$mpi_args" -np 2 --max-restarts 1 -- "$trainer" \
+  --hidden 32 --global-batch-size 32 --steps 50 --checkpoint-dir "$work/f" --log-every 0 \
+  --collective-timeout 2 --test-stall-rank 1 --test-stall-at-step 3 --test-stall-seconds 60 \
+  </dev/null >"$work/f.log" 2>&1
+status=$?
+stalls=$(grep -c 'ringrun: the job failed: a stall ended by the watchdog' "$work/f.log")
+if [ "$status" -ne 4 ] || [ "$stalls" -ne 2 ] || ! grep -q 'ringrun: restart 1 of 1' "$work/f.log"; then
+  fail "(f) a stall: exit $status (expected 4), $stalls stall(s) seen (expected 2): $(grep ringrun: "$work/f.log")"
+else
+  pass "(f) a watchdog stall is restarted: $(grep -m 1 'the job failed' "$work/f.log" | sed 's/^ringrun: //' | cut -c1-200)"
 fi
 
 # ---- (e) SIGTERM to ringrun: checkpoint, 75, the same command resumes ----
