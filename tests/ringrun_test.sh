@@ -12,6 +12,11 @@
 #      starts nothing: wrong port (connection refused), an address with no machine behind it,
 #      an sshd that accepts but never answers (timed out), a key that is not authorized, an
 #      unknown host key, the program missing on one host, one machine under two names;
+#  (5) ringrun --max-restarts: rrhost2 killed mid-run (ranks, orted, sshd): dropped, the job
+#      finishes on rrhost1, byte-identical under --reproducible, and the restart latency;
+#  (6) a host added back to the hostfile rejoins at the next restart;
+#  (7) SIGTERM to ringrun: every rank stops at one step, checkpoint, exit 75, resumed bitwise;
+#  (8) a failure every launch meets: a clear final error after --max-restarts;
 #  (4) afterwards no namespace, bridge, sshd or /etc/hosts line of the test is left.
 # Needs root, iproute2, openssh-server and openssh-client; without them it prints
 # "SKIPPED: why" and exits 77 (ctest: skipped). Uses names and a subnet of its own (rrhost*,
@@ -505,6 +510,57 @@ else
        "relaunched on rrhost1:2,rrhost2:2 after a killed rank; completed, byte-identical"
 fi
 grep 'ringrun:' "$tmp/e6.log" | sed 's/^/    /'
+
+# (7) SIGTERM to ringrun with ranks on both hosts: through mpirun's SIGUSR1 over ssh every rank
+# stops after the same step, the chief checkpoints, exit 75; the same command resumes.
+e7=(python3 "$ringrun" -np 4 -H rrhost1:2,rrhost2:2 "${elastic_flags[@]}" -- "$trainer"
+    "${ejob[@]}" "${eslow[@]}" --checkpoint-dir "$tmp/e7" --save-params "$tmp/e7.bin")
+timeout -k 5 200 "${e7[@]}" </dev/null >"$tmp/e7.log" 2>&1 &
+rr_pid=$!
+term_at=""
+if wait_for "$tmp/e7.log" "checkpoint: step (4|5|6|7|8)0 written" 90; then
+  kill -TERM "$rr_pid"
+  term_at=$(date +%s.%N)
+else
+  fail "(7) no checkpoint of step 40 within 90 s: $(tail -n 5 "$tmp/e7.log")"
+fi
+wait "$rr_pid"
+status=$?
+if [ -n "$term_at" ]; then
+  took=$(seconds_since "$term_at")
+  stopped_at=$(grep -o 'every rank stopped after step [0-9]*' "$tmp/e7.log" | grep -o '[0-9]*$')
+  if [ "$status" -ne 75 ] || [ -z "$stopped_at" ]; then
+    fail "(7) SIGTERM: exit $status (expected 75), stopped at '$stopped_at': $(grep -E 'ringrun:|preempt' "$tmp/e7.log")"
+  elif ! awk -v t="$took" 'BEGIN { exit !(t <= 10) }'; then
+    fail "(7) SIGTERM: the job took $took s to stop (at most 10)"
+  else
+    timeout -k 5 200 "${e7[@]}" </dev/null >"$tmp/e7b.log" 2>&1
+    status=$?
+    if [ "$status" -ne 0 ]; then
+      fail "(7) the same command again exited $status: $(grep -E 'ringrun:|error' "$tmp/e7b.log" | tail -n 8)"
+    elif ! grep -q "resuming from $tmp/e7/ckpt-$(printf '%010d' "$stopped_at")" "$tmp/e7b.log"; then
+      fail "(7) the second run did not resume from step $stopped_at"
+    elif ! cmp -s "$tmp/e7.bin" "$tmp/eref.bin"; then
+      fail "(7) the resumed parameters differ from the uninterrupted run's"
+    else
+      pass "(7) SIGTERM to ringrun across both hosts: stopped after step $stopped_at in $took s," \
+           "exit 75; the same command resumed and ended byte-identical"
+    fi
+  fi
+fi
+
+# (8) a failure on rrhost2 that every launch meets: a clear final error after --max-restarts.
+timeout -k 5 120 python3 "$ringrun" -np 4 -H rrhost1:2,rrhost2:2 "${ssh_flags[@]}" \
+  --start-timeout 5 --max-restarts 1 -- "$trainer" --hidden 32 --global-batch-size 32 \
+  --steps 50 --checkpoint-dir "$tmp/e8" --log-every 0 --test-fail-rank 3 --test-fail-at-step 5 \
+  </dev/null >"$tmp/e8.log" 2>&1
+status=$?
+if [ "$status" -eq 0 ] || ! grep -q "ringrun: restart 1 of 1: np 4 on rrhost1:2,rrhost2:2" "$tmp/e8.log" ||
+   ! grep -qE "ringrun: giving up after 1 restart\(s\) \(--max-restarts 1\); the last failure: .*rank 3 fails on purpose" "$tmp/e8.log"; then
+  fail "(8) restarts exhausted: exit $status: $(grep ringrun: "$tmp/e8.log")"
+else
+  pass "(8) restarts exhausted: exit $status; $(grep 'giving up' "$tmp/e8.log" | sed 's/^ringrun: //')"
+fi
 
 cleanup
 trap - EXIT
