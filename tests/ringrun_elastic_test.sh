@@ -49,15 +49,8 @@ elastic() {
     >"$work/$name.log" 2>&1 &
   pid=$!
 }
-# wait_for FILE PATTERN SECONDS: until a line matches (0) or the time is up (1).
-wait_for() {
-  local tries
-  for ((tries = 0; tries < $3 * 10; tries++)); do
-    grep -qE -- "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+# shellcheck source=tests/support/wait_lib.sh
+source "$repo/tests/support/wait_lib.sh"
 # A rank of this test's job (by its command line), the newest.
 rank_pid() { pgrep -n -f -- "$trainer .*--checkpoint-dir $work/$1"; }
 

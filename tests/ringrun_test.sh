@@ -418,15 +418,8 @@ watchdog_s=10
 timeout -k 5 120 "$trainer" "${ejob[@]}" --checkpoint-dir "$tmp/eref" \
   --save-params "$tmp/eref.bin" </dev/null >"$tmp/eref.log" 2>&1 ||
   fail "(5) the uninterrupted one-rank run failed: $(tail -n 5 "$tmp/eref.log")"
-# wait_for FILE REGEX SECONDS: 0 once a line matches, 1 when the time is up.
-wait_for() {
-  local tries
-  for ((tries = 0; tries < $3 * 10; tries++)); do
-    grep -qE -- "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+# shellcheck source=tests/support/wait_lib.sh
+source "$repo/tests/support/wait_lib.sh"
 elastic_flags=("${ssh_flags[@]}" --start-timeout 5 --max-restarts 2)
 
 # (5) rrhost2 dies mid-run (its ranks, its orted and its sshd, all SIGKILLed): ringrun drops
