@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ringrun --max-restarts on this machine (localhost ranks under mpirun, no ssh, no root):
 #  (a) refusals before anything runs (exit 2, naming the flag): no --checkpoint-dir, --min-np
-#      without --max-restarts or above -np, --strategy ps, a bad --max-restarts;
+#      without --max-restarts or above -np, --strategy ps, a bad --max-restarts; and (exit 1) a
+#      global batch that no rank count from --min-np to -np splits;
 #  (b) a rank SIGKILLed mid-run: ringrun names the cause, relaunches with --resume auto, the
 #      job completes (exit 0) and, under --reproducible, its parameters equal an uninterrupted
 #      one-rank run's byte for byte;
@@ -82,6 +83,16 @@ refused "--strategy ps" "restarts --strategy ring and local-sgd jobs; this one i
   -np 3 --max-restarts 1 -- "$trainer" --strategy ps --checkpoint-dir "$work/refused"
 refused "a trainer flag it does not know" "--print-config exited" \
   -np 2 --max-restarts 1 -- "$trainer" --no-such-flag --checkpoint-dir "$work/refused"
+out=$(timeout -k 5 60 python3 "$ringrun" -np 2 --max-restarts 1 --min-np 2 -- "$trainer" \
+  --global-batch-size 33 --checkpoint-dir "$work/refused" </dev/null 2>&1)
+status=$?
+if [ "$status" -ne 1 ] ||
+   ! grep -q "no rank count from --min-np 2 to 2 splits the global batch 33 (rank counts up to -np 2 that do: 1)" <<<"$out" ||
+   ! grep -q "nothing was started" <<<"$out"; then
+  fail "(a) a global batch no allowed rank count splits: exit $status: $out"
+else
+  pass "(a) a global batch no allowed rank count splits: exit 1, $(grep -m 1 'no rank count' <<<"$out")"
+fi
 [ ! -e "$work/refused" ] || fail "(a) a refused run made its checkpoint directory"
 
 # ---- (b) a rank killed mid-run ----
