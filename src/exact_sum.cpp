@@ -102,8 +102,8 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
                     segment.end, total);
     total = segment.end;
   }
-  kept_grads_.assign(static_cast<size_t>(local_micro_shards - 1),
-                     std::vector<float>(static_cast<size_t>(total)));
+  kept_grads_.reserve(static_cast<size_t>(local_micro_shards - 1));
+  for (int64_t k = 0; k + 1 < local_micro_shards; ++k) kept_grads_.emplace_back(Shape{total});
   sums_.assign(static_cast<size_t>(total), 0);
   kept_bounds_.assign(segments_.size(), kAllZeroBound);
   bounds_.reserve(segments_.size());
@@ -123,6 +123,29 @@ void ExactGradSum::keep() {
     const auto size = static_cast<size_t>(segment.end - segment.begin);
     std::memcpy(copy + segment.begin, grads_ + segment.begin, size * sizeof(float));
     kept_bounds_[s] = std::max(kept_bounds_[s], exponent_bound({copy + segment.begin, size}));
+  }
+  ++kept_;
+}
+
+float* ExactGradSum::shard_buffer(int64_t shard) {
+  RINGTRAIN_CHECK(0 <= shard && shard < local_micro_shards_, "micro-shard {} of {}", shard,
+                  local_micro_shards_);
+  return shard + 1 < local_micro_shards_ ? kept_grads_[static_cast<size_t>(shard)].data()
+                                         : grads_;
+}
+
+void ExactGradSum::kept_in_place() {
+  RINGTRAIN_CHECK(kept_ + 1 < local_micro_shards_,
+                  "kept_in_place() called for micro-shard {} of {}: the last one stays in the "
+                  "buffer",
+                  kept_ + 1, local_micro_shards_);
+  if (kept_ == 0) std::fill(kept_bounds_.begin(), kept_bounds_.end(), kAllZeroBound);
+  const float* const kept = kept_grads_[static_cast<size_t>(kept_)].data();
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const GradRange& segment = segments_[s];
+    kept_bounds_[s] = std::max(
+        kept_bounds_[s],
+        exponent_bound({kept + segment.begin, static_cast<size_t>(segment.end - segment.begin)}));
   }
   ++kept_;
 }

@@ -33,6 +33,21 @@ void Model::add(std::unique_ptr<Layer> layer) {
   layers_.push_back(std::move(layer));
 }
 
+void Model::write_grads_to(float* buffer) {
+  RINGTRAIN_CHECK(finalized_ && device_ == Device::kCpu,
+                  "write_grads_to() needs a finalized host model");
+  float* const base = buffer != nullptr ? buffer : grads_.data();
+  for (int i = 0; i < num_layers(); ++i) {
+    const auto& own = grad_tensors_[static_cast<size_t>(i)];
+    if (own.empty()) continue;
+    std::vector<Tensor> grads;
+    grads.reserve(own.size());
+    for (const Tensor& view : own)  // the same offset in `base` as in grads_
+      grads.push_back(Tensor::view(base + (view.data() - grads_.data()), view.shape(), device_));
+    layers_[static_cast<size_t>(i)]->bind(param_tensors_[static_cast<size_t>(i)], grads);
+  }
+}
+
 void Model::finalize(Device device) {
   RINGTRAIN_CHECK(!finalized_ && !layers_.empty(), "finalize() on an empty or finished model");
   device_ = device;

@@ -119,6 +119,14 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
   StepStats stats;
   double loss_sum = 0.0;
   if (exact != nullptr) exact->begin_step();
+  // Backward writes into the model's gradient buffer again when this step ends, however.
+  struct GradTarget {
+    Model& model;
+    bool redirected;
+    ~GradTarget() {
+      if (redirected) model.write_grads_to(nullptr);
+    }
+  } const restore{model, exact != nullptr};
   for (int64_t pass = 0; pass < pass_count; ++pass) {
     RINGTRAIN_CHECK(passes[pass].batch != nullptr,
                     "a CPU step trains on host batches; a device data set needs a CUDA context");
@@ -139,9 +147,12 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       if (fold)
         sink.fold = last_pass ? RangeSink::Fold::kFinish
                               : (pass == 0 ? RangeSink::Fold::kStart : RangeSink::Fold::kAdd);
+      // Each micro-shard's gradients go straight to where the exact sum keeps them.
+      const int64_t shard = pass * pieces + piece;
+      if (exact != nullptr) model.write_grads_to(last ? nullptr : exact->shard_buffer(shard));
       loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, workspace, ctx,
                                    sink, &stats.correct);
-      if (!last && exact != nullptr) exact->keep();
+      if (!last && exact != nullptr) exact->kept_in_place();
     }
   }
   if (exact != nullptr && !workspace.exact_sum_by_caller) exact->finish_step();

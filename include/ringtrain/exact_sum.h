@@ -36,6 +36,7 @@
 #include "ringtrain/comm.h"
 #include "ringtrain/model.h"
 #include "ringtrain/ring.h"
+#include "ringtrain/tensor.h"
 
 namespace ringtrain {
 
@@ -60,9 +61,11 @@ void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
 std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segments);
 
 // The micro-shard gradients of one step, averaged exactly over the job. A rank computes its
-// micro-shards one after another in the model's gradient buffer: keep() copies each finished
-// one aside except the last, which stays in the buffer; average() then replaces [begin, end)
-// of the buffer by the average over every micro-shard of the job. The GradSync engine calls
+// micro-shards one after another, micro-shard j into shard_buffer(j) (the kept buffers, then
+// the model's gradient buffer for the last; Model::write_grads_to points backward there),
+// calling kept_in_place() after each but the last; or all into the model's buffer, calling
+// keep(), which copies each finished one aside. average() then replaces [begin, end) of the
+// model's buffer by the average over every micro-shard of the job. The GradSync engine calls
 // average() for each bucket through make_exact_allreduce, while backward of the last
 // micro-shard runs (overlap) or after it; buckets never split a segment, so the scales, and
 // so the bits, do not depend on the bucketing either.
@@ -77,6 +80,11 @@ class ExactGradSum {
   void begin_step();
   // The buffer holds a finished micro-shard's gradients that the next one will overwrite.
   void keep();
+  // Micro-shard `kept` (the count so far) was written into shard_buffer(kept) itself.
+  void kept_in_place();
+  // Where micro-shard `shard` (0 .. local_micro_shards - 1) of this step is kept: its own
+  // buffer, or, for the last, the model's gradient buffer.
+  float* shard_buffer(int64_t shard);
   // Collective: [begin, end) must be a run of whole segments, the same on every rank, in the
   // same order, once per step each, after keep() was called local_micro_shards - 1 times.
   // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
@@ -120,7 +128,11 @@ class ExactGradSum {
   int64_t micro_shards_;
   int64_t local_micro_shards_;
   RingOptions ring_;
-  std::vector<std::vector<float>> kept_grads_;  // local_micro_shards - 1 copies
+  // local_micro_shards - 1 buffers, Tensors for their alignment: 64 bytes, as the model's
+  // gradient buffer. Backward writes micro-shards into them, and Eigen's GEMMs can round
+  // differently into a buffer of another alignment (16-byte aligned buffers changed the bits
+  // of the default MLP): every micro-shard must be computed at the same alignment.
+  std::vector<Tensor> kept_grads_;
   int64_t kept_ = 0;
   int64_t averaged_ = 0;          // gradients averaged this step
   std::vector<int> kept_bounds_;  // per segment, over the kept micro-shards

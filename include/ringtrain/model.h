@@ -79,6 +79,10 @@ class Model {
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }
   const Tensor& grads() const { return grads_; }
+  // Later backward passes write the parameter gradients into `buffer` instead of grads(): a
+  // host buffer of num_params() floats, laid out as grads(); nullptr means grads() again.
+  // (The exact sum gives each micro-shard its own buffer this way: no copy.) Host model only.
+  void write_grads_to(float* buffer);
   Device device() const { return device_; }
   // Explicit, synchronous copies of the flat parameter buffer to and from host memory (plain
   // copies for a host model): checkpoints, broadcasts, replica checks, parameter files.
