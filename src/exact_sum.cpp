@@ -46,7 +46,13 @@ int fixed_point_shift(int bound, int64_t terms) {
   return kTermBits - headroom - bound;
 }
 
-void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums) {
+namespace {
+
+// sums[i] (+)= round-to-nearest-even(values[i] * 2^shift): kAdd accumulates, else assigns
+// (what adding into zeros gives, without writing the zeros first).
+enum class Into { kAdd, kAssign };
+template <Into into>
+void to_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums) {
   RINGTRAIN_CHECK(values.size() == sums.size(), "{} values into {} sums", values.size(),
                   sums.size());
   // 2^shift is a double for every shift a float segment gives, and a float times a power of
@@ -57,8 +63,19 @@ void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t
   int64_t* __restrict out = sums.data();
   for (size_t i = 0; i < values.size(); ++i) {
     const double rounded = static_cast<double>(in[i]) * scale + kRoundingMagic;
-    out[i] += std::bit_cast<int64_t>(rounded) - magic_bits;
+    const int64_t term = std::bit_cast<int64_t>(rounded) - magic_bits;
+    if constexpr (into == Into::kAdd) {
+      out[i] += term;
+    } else {
+      out[i] = term;
+    }
   }
+}
+
+}  // namespace
+
+void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums) {
+  to_fixed_point<Into::kAdd>(values, shift, sums);
 }
 
 void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
@@ -183,8 +200,10 @@ void ExactGradSum::agree_and_sum(size_t first, size_t count) {
 
   for (size_t s = 0; s < count; ++s) {
     const GradRange& segment = segments_[first + s];
-    std::fill(sums_.begin() + segment.begin, sums_.begin() + segment.end, 0);
-    if (bounds_[s] == kAllZeroBound || bounds_[s] == kNonFiniteBound) continue;
+    if (bounds_[s] == kAllZeroBound || bounds_[s] == kNonFiniteBound) {
+      std::fill(sums_.begin() + segment.begin, sums_.begin() + segment.end, 0);
+      continue;
+    }
     const int shift = fixed_point_shift(bounds_[s], micro_shards_);
     // Block by block, every micro-shard into the block's sums: the sums stay in the L1 cache
     // instead of streaming through memory once per micro-shard.
@@ -192,10 +211,10 @@ void ExactGradSum::agree_and_sum(size_t first, size_t count) {
     for (int64_t at = segment.begin; at < segment.end; at += kBlock) {
       const auto size = static_cast<size_t>(std::min(kBlock, segment.end - at));
       const std::span<int64_t> sums(sums_.data() + at, size);
-      for (int64_t shard = 0; shard < local_micro_shards_; ++shard)
-        add_fixed_point(
-            values(shard, GradRange{segment.layer, at, at + static_cast<int64_t>(size)}), shift,
-            sums);
+      const GradRange block{segment.layer, at, at + static_cast<int64_t>(size)};
+      to_fixed_point<Into::kAssign>(values(0, block), shift, sums);  // the first: no zeros
+      for (int64_t shard = 1; shard < local_micro_shards_; ++shard)
+        to_fixed_point<Into::kAdd>(values(shard, block), shift, sums);
     }
   }
   comm_.board().progress();
