@@ -24,6 +24,7 @@ micro-batch. Only the Python standard library is used.
 
 import collections
 import json
+import os
 import re
 import signal
 import subprocess
@@ -60,6 +61,8 @@ WATCHDOG_RE = re.compile(r"watchdog: .* made no progress")
 ERROR_RE = re.compile(r"\[error\] (.*)")
 PREEMPTED_RE = re.compile(r"preempted: .*every rank stopped after step (\d+)")
 RESUMED_RE = re.compile(r"resuming from |step \d+/\d+ ")
+# A line that shows the job trained (a step logged, a checkpoint written, a resume).
+PROGRESS_RE = re.compile(r"resuming from |\] step \d+/\d+ |checkpoint: step \d+ written")
 
 
 def say(message):
@@ -146,7 +149,7 @@ def strip_flag(args, flag):
 class JobShape:
     """What a relaunch must keep: the global batch and the divisibility it imposes."""
 
-    def __init__(self, config, given, max_np):
+    def __init__(self, config, given, args, max_np):
         strategy = config.get("strategy", "ring")
         if strategy not in ("ring", "local-sgd"):
             raise ElasticError(f"--max-restarts restarts --strategy ring and local-sgd jobs; "
@@ -159,6 +162,21 @@ class JobShape:
                                "to the program's flags)", 2)
         self.passes = int(config.get("accumulate-steps", 1) or 1)
         global_batch = int(config.get("global-batch-size", 0) or 0)
+        on_command_line = any(a == "--batch-size" or a.startswith("--batch-size=") for a in args)
+        if "batch-size" in given and not on_command_line:
+            # A config file's batch-size cannot be taken out of a relaunch's flags, and the
+            # trainer refuses it beside a --global-batch-size it does not match.
+            raise ElasticError("--max-restarts: the trainer's config file sets batch-size (per "
+                               "rank), which a relaunch on fewer ranks would change: set "
+                               "global-batch-size there instead (or give --batch-size on the "
+                               "command line)", 2)
+        if global_batch > 0 and "batch-size" in given:
+            per_rank = int(config["batch-size"])
+            if per_rank * max_np * self.passes != global_batch:
+                raise ElasticError(f"--batch-size {per_rank} x -np {max_np} ranks"
+                                   f"{f' x {self.passes} passes' if self.passes > 1 else ''} is "
+                                   f"not --global-batch-size {global_batch}: pass one of the "
+                                   f"two", 2)
         self.batch_was_per_rank = global_batch == 0
         if global_batch == 0:
             # A per-rank batch (given or the default): the job's global batch is what the
@@ -187,12 +205,15 @@ class JobShape:
         return [n for n in range(1, most + 1) if self.fits(n)]
 
 
-def choose_layout(shape, hosts, max_np, min_np):
-    """The most ranks from min_np to max_np that the hosts' slots hold and the global batch
-    splits, placed host by host in order: (np, [(host, ranks)]). Raises ElasticError."""
+def choose_layout(shape, hosts, max_np, min_np, oversubscribe=False):
+    """The most ranks from min_np to max_np that the hosts' slots hold (any number up to max_np
+    with oversubscribe) and the global batch splits, placed host by host in order:
+    (np, [(host, ranks)]). Raises ElasticError."""
     slots = sum(s for _, s in hosts)
-    most = min(max_np, slots)
+    most = max_np if oversubscribe else min(max_np, slots)
     for n in range(most, min_np - 1, -1):
+        if n > slots and shape.fits(n):
+            return n, list(hosts)  # every slot, and mpirun --oversubscribe places the rest
         if shape.fits(n):
             layout, left = [], n
             for host, s in hosts:
@@ -202,7 +223,7 @@ def choose_layout(shape, hosts, max_np, min_np):
                 layout.append((host, take))
                 left -= take
             return n, layout
-    if slots < min_np:
+    if slots < min_np and not oversubscribe:
         raise ElasticError(f"{slots} slot(s) on the hosts that answered, fewer than --min-np "
                            f"{min_np}", EXIT_NO_LAYOUT)
     counts = ", ".join(map(str, shape.valid_counts(max_np))) or "none"
@@ -230,6 +251,7 @@ class Launch:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.started = time.monotonic()
+        self.progressed = False
         self.threads = [threading.Thread(target=self.copy, args=(self.proc.stdout, sys.stdout,
                                                                  on_line), daemon=True),
                         threading.Thread(target=self.copy, args=(self.proc.stderr, sys.stderr,
@@ -238,13 +260,20 @@ class Launch:
             thread.start()
 
     def copy(self, source, sink, on_line):
+        passing = True
         for raw in iter(source.readline, b""):
-            sink.buffer.write(raw)
-            sink.buffer.flush()
+            if passing:
+                try:
+                    sink.buffer.write(raw)
+                    sink.buffer.flush()
+                except (OSError, ValueError):
+                    passing = False  # our output is gone (a closed pipe): keep draining mpirun
             line = raw.decode("utf-8", "replace")
             with self.lock:
                 self.tail.append(line)
-            on_line(line)
+            if not self.progressed and PROGRESS_RE.search(line):
+                self.progressed = True
+            on_line(self, line)
 
     def signal(self, number):
         if self.proc.poll() is None:
@@ -254,15 +283,22 @@ class Launch:
                 pass
 
     def wait(self):
+        """mpirun's status, as a shell reports it (128 + N for a signal N)."""
         while True:
             try:
                 status = self.proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
                 continue
+        # Whatever mpirun left of its session on this machine (ranks of an mpirun that was
+        # killed) goes before anything is relaunched: no stale rank may write a checkpoint.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         for thread in self.threads:
             thread.join(5)
-        return status
+        return 128 - status if status < 0 else status
 
     def output(self):
         with self.lock:
@@ -271,8 +307,6 @@ class Launch:
 
 def failure_cause(status, output):
     """A line saying why the job ended, from mpirun's status and the job's last output."""
-    if status < 0:
-        return f"mpirun was killed by signal {-status}"
     found = KILLED_RE.search(output)
     if found:
         rank, node, number, name = found.groups()
@@ -282,15 +316,18 @@ def failure_cause(status, output):
         line = next((l.strip() for l in output.splitlines() if DAEMON_LOST_RE.search(l)), "")
         return f"a host was lost: Open MPI lost a daemon ({line[:160]}) (exit {status})"
     found = WATCHDOG_RE.search(output)
-    if found or status == EXIT_COMM:
-        line = found.group(0) if found else ""
-        return f"a stall ended by the watchdog{f' ({line[:200]})' if line else ''} (exit {status})"
+    if found:
+        return f"a stall ended by the watchdog ({found.group(0)[:200]}) (exit {status})"
     found = ERROR_RE.search(output)
     if found:
         return f"{found.group(1).strip()[:240]} (exit {status})"
     found = EXIT_STATUS_RE.search(output)
     if found:
         return f"rank {found.group(1)} exited with code {found.group(2)} (exit {status})"
+    if status == EXIT_COMM:
+        return "a communication failure (exit 4: a collective timed out or a peer failed)"
+    if status > 128:
+        return f"mpirun ended on signal {status - 128} (exit {status})"
     return f"the job exited with status {status}"
 
 
@@ -302,7 +339,7 @@ class Supervisor:
     `command(layout, np, args)` builds mpirun's argument list."""
 
     def __init__(self, *, program, args, max_np, min_np, max_restarts, hosts, check, command,
-                 verbose):
+                 verbose, oversubscribe=False):
         self.program = program
         self.max_np = max_np
         self.min_np = min_np
@@ -311,26 +348,37 @@ class Supervisor:
         self.check = check
         self.command = command
         self.verbose = verbose
+        self.oversubscribe = oversubscribe
         config, given = program_config(program, args)
-        self.shape = JobShape(config, given, max_np)
-        self.args = list(args)
+        self.shape = JobShape(config, given, args, max_np)
+        # The global batch, never a per-rank one, from the first launch on: the same training
+        # at -np ranks, and what a relaunch on fewer keeps.
+        self.args = strip_flag(list(args), "--batch-size")
         if self.shape.batch_was_per_rank:
-            # --global-batch-size in place of the per-rank batch, from the first launch: the
-            # same training at -np ranks, and a relaunch on fewer keeps it.
-            self.args = strip_flag(self.args, "--batch-size") + [
-                "--global-batch-size", str(self.shape.global_batch)]
+            self.args += ["--global-batch-size", str(self.shape.global_batch)]
         self.launch = None
         self.stop_signal = None
         self.interrupted = False
         self.failed_at = None
+        self.stop_at = None
         self.resumed_reported = True
 
     # signals ---------------------------------------------------------------------------
     def on_stop(self, number, _frame):
         first = self.stop_signal is None
+        now = time.monotonic()
+        # GNU timeout (and some launchers) pass one TERM on twice, to the child and to its
+        # group: a repeat within 2 s is the same request, not an order to hurry.
+        if not first and now - self.stop_at < 2.0:
+            return
         self.stop_signal = number
+        self.stop_at = now
         if self.launch is None:
             return
+        self.forward_stop(first)
+
+    def forward_stop(self, first=True):
+        number = self.stop_signal
         if first:
             say(f"signal {number} ({signal.Signals(number).name}): asking the job to checkpoint "
                 f"and stop (SIGUSR1 to mpirun, which passes it to every rank); it will not be "
@@ -345,7 +393,9 @@ class Supervisor:
         if self.launch is not None:
             self.launch.signal(number)
 
-    def on_line(self, line):
+    def on_line(self, launch, line):
+        if launch is not self.launch:
+            return  # a late line of the job before
         if not self.resumed_reported and RESUMED_RE.search(line):
             self.resumed_reported = True
             say(f"training resumed {time.monotonic() - self.failed_at:.1f} s after the failure "
@@ -362,15 +412,21 @@ class Supervisor:
         usable = [(h, s) for h, s in hosts if h not in failed]
         if not usable:
             raise ElasticError("no host passed the preflight", EXIT_NO_LAYOUT)
-        return choose_layout(self.shape, usable, self.max_np, self.min_np)
+        return choose_layout(self.shape, usable, self.max_np, self.min_np, self.oversubscribe)
+
+    def first_command(self):
+        """mpirun's command for the first launch on every listed host (for --dry-run)."""
+        np, layout = choose_layout(self.shape, self.hosts(), self.max_np, self.min_np,
+                                   self.oversubscribe)
+        return self.command(layout, np, self.args)
 
     def run(self):
-        for number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        for number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
             signal.signal(number, self.on_stop)
         signal.signal(signal.SIGINT, self.on_interrupt)
         say(f"elastic: up to {self.max_restarts} restart(s), {self.min_np} to {self.max_np} "
             f"rank(s), {self.shape.describe()}, checkpoints in {self.shape.checkpoint_dir}")
-        restarts, last_cause, last_status = 0, None, None
+        restarts, last_cause, last_status, quick_failures = 0, None, None, 0
         args = self.args
         while True:
             try:
@@ -397,9 +453,15 @@ class Supervisor:
             cmd = self.command(layout, np, args)
             if self.verbose:
                 say("run " + " ".join(cmd))
-            self.launch = Launch(cmd, self.on_line)
-            status = self.launch.wait()
-            output = self.launch.output()
+            launch = Launch(cmd, self.on_line)
+            self.launch = launch
+            # A signal that came while mpirun was being started found no launch to pass to.
+            if self.stop_signal is not None:
+                self.forward_stop()
+            if self.interrupted:
+                launch.signal(signal.SIGINT)
+            status = launch.wait()
+            output = launch.output()
             self.launch = None
             self.failed_at = time.monotonic()
             if status == 0:
@@ -432,5 +494,13 @@ class Supervisor:
                     f"{self.max_restarts}); the last failure: {cause}")
                 return status
             restarts += 1
+            # A job that fails before it trains (mpirun or a daemon cannot start) would use
+            # up the restarts in a burst: wait 1, 2, 4 ... 30 s before such relaunches.
+            quick_failures = 0 if launch.progressed else quick_failures + 1
+            if quick_failures > 0:
+                pause = min(2.0 ** (quick_failures - 1), 30.0)
+                say(f"the job failed before it trained (no step, checkpoint or resume seen): "
+                    f"waiting {pause:g} s before the relaunch")
+                time.sleep(pause)
             # From here on every launch resumes, whatever --resume the first one had.
             args = strip_flag(self.args, "--resume") + ["--resume", "auto"]

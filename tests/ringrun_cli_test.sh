@@ -199,6 +199,18 @@ else
   fail "localhost twice: exit $status: $out"
 fi
 
+# No ssh here at all, and a remote host: the preflight says so (exit 1), it does not crash.
+mkdir -p "$work/no-ssh-path"
+python_binary=$(python3 -c 'import sys; print(sys.executable)')  # not a shim that needs PATH
+out=$(timeout -k 5 60 env PATH="$work/no-ssh-path" "$python_binary" "$ringrun" -np 2 \
+        -H node1:2 --mpirun "$mpirun_path" -- /bin/true </dev/null 2>&1)
+status=$?
+if [ "$status" -eq 1 ] && grep -q "ssh is not installed here (install openssh-client): needed to reach node1" <<<"$out"; then
+  pass "no ssh installed: exit 1, 'ssh is not installed here'"
+else
+  fail "no ssh installed: exit $status: $out"
+fi
+
 # ---- real localhost runs (mpirun, no ssh) ----
 # A fake ssh first on PATH records any call: a localhost-only run must not make one.
 mkdir -p "$work/fakebin"

@@ -83,6 +83,24 @@ refused "--strategy ps" "restarts --strategy ring and local-sgd jobs; this one i
   -np 3 --max-restarts 1 -- "$trainer" --strategy ps --checkpoint-dir "$work/refused"
 refused "a trainer flag it does not know" "--print-config exited" \
   -np 2 --max-restarts 1 -- "$trainer" --no-such-flag --checkpoint-dir "$work/refused"
+refused "--batch-size beside a --global-batch-size it does not make" \
+  "--batch-size 16 x -np 2 ranks is not --global-batch-size 64: pass one of the two" \
+  -np 2 --max-restarts 1 -- "$trainer" --batch-size 16 --global-batch-size 64 \
+  --checkpoint-dir "$work/refused"
+printf 'batch-size = 16\n' >"$work/per_rank.toml"
+refused "a per-rank batch-size in a config file" "config file sets batch-size \(per rank\)" \
+  -np 2 --max-restarts 1 -- "$trainer" --config "$work/per_rank.toml" \
+  --checkpoint-dir "$work/refused"
+# --dry-run shows the first launch: the slots' rank count and the global batch, no per-rank one.
+out=$(timeout -k 5 60 python3 "$ringrun" -np 8 -H localhost:2 --max-restarts 1 --dry-run -- \
+  "$trainer" --batch-size 16 --checkpoint-dir "$work/refused" </dev/null 2>&1)
+status=$?
+if [ "$status" -ne 0 ] || ! grep -qE -- "-np 2 --host localhost:2 .*--global-batch-size 128" <<<"$out" ||
+   grep -q -- "--batch-size 16" <<<"$out"; then
+  fail "(a) --dry-run --max-restarts: exit $status: $out"
+else
+  pass "(a) --dry-run --max-restarts prints the first launch: -np 2 on localhost:2, --global-batch-size 128 for --batch-size 16 x 8"
+fi
 out=$(timeout -k 5 60 python3 "$ringrun" -np 2 --max-restarts 1 --min-np 2 -- "$trainer" \
   --global-batch-size 33 --checkpoint-dir "$work/refused" </dev/null 2>&1)
 status=$?
@@ -169,7 +187,8 @@ fi
 elastic e -np 2 --max-restarts 2 -- "$trainer" "${job[@]}" "${slow[@]}" --checkpoint-dir "$work/e" \
   --save-params "$work/e.bin"
 if wait_for "$work/e.log" "checkpoint: step (4|5|6|7|8)0 written" 60; then
-  kill -TERM "$pid"
+  # ringrun itself (timeout's child), not timeout: a TERM to timeout -k also arms its KILL.
+  kill -TERM "$(pgrep -P "$pid")"
   term_at=$(date +%s.%N)
 else
   fail "(e) no checkpoint of step 40 within 60 s: $(tail -n 5 "$work/e.log")"

@@ -406,8 +406,7 @@ expect_refusal "one machine under two names" \
   'rrhost1 and rralias1 are the same machine \(both resolve to 10\.78\.0\.1\)' -- \
   -np 4 -H rrhost1:2,rralias1:2 "${ssh_flags[@]}"
 
-# ---- (4) teardown leaves nothing ----
-# ---- (5) and (6): elastic runs (--max-restarts) across the hosts ----
+# ---- (5) to (8): elastic runs (--max-restarts) across the hosts ----
 # The job: --reproducible, so any rank count gives the same bits as this one-rank run; rank 1
 # sleeps 20 ms a step so that the failure lands mid-run; the watchdog's timeout is 10 s.
 ejob=(--hidden 64 --global-batch-size 96 --reproducible --micro-batch 8 --steps 300 --seed 3
@@ -512,7 +511,8 @@ timeout -k 5 200 "${e7[@]}" </dev/null >"$tmp/e7.log" 2>&1 &
 rr_pid=$!
 term_at=""
 if wait_for "$tmp/e7.log" "checkpoint: step (4|5|6|7|8)0 written" 90; then
-  kill -TERM "$rr_pid"
+  # ringrun itself (timeout's child), not timeout: a TERM to timeout -k also arms its KILL.
+  kill -TERM "$(pgrep -P "$rr_pid")"
   term_at=$(date +%s.%N)
 else
   fail "(7) no checkpoint of step 40 within 90 s: $(tail -n 5 "$tmp/e7.log")"
@@ -555,6 +555,7 @@ else
   pass "(8) restarts exhausted: exit $status; $(grep 'giving up' "$tmp/e8.log" | sed 's/^ringrun: //')"
 fi
 
+# ---- (4) teardown leaves nothing ----
 cleanup
 trap - EXIT
 [ -z "$(our_namespaces)" ] || fail "(4) namespaces left: $(our_namespaces)"
