@@ -383,7 +383,14 @@ class Supervisor:
             say(f"signal {number} ({signal.Signals(number).name}): asking the job to checkpoint "
                 f"and stop (SIGUSR1 to mpirun, which passes it to every rank); it will not be "
                 f"restarted")
-            self.launch.signal(signal.SIGUSR1)
+            # mpirun ends on a SIGUSR1 that comes before it has set up its handlers (the
+            # default action): give a job that has just been started a second first.
+            launch = self.launch
+            wait = 1.0 - (time.monotonic() - launch.started)
+            if wait > 0:
+                threading.Timer(wait, launch.signal, [signal.SIGUSR1]).start()
+            else:
+                launch.signal(signal.SIGUSR1)
         else:
             say(f"signal {number} again: ending the job (SIGTERM to mpirun)")
             self.launch.signal(signal.SIGTERM)
