@@ -340,7 +340,6 @@ class Supervisor:
 
     def __init__(self, *, program, args, max_np, min_np, max_restarts, hosts, check, command,
                  verbose, oversubscribe=False):
-        self.program = program
         self.max_np = max_np
         self.min_np = min_np
         self.max_restarts = max_restarts
