@@ -2,9 +2,10 @@
 # What --reproducible costs: each model at a fixed global batch on NP ranks, the default mode
 # and --reproducible at a few --micro-batch sizes, run alternately REPS times; prints a markdown
 # table of medians (images/s, ms/step, the averaging's ms/step) with the ratio to the default
-# mode, and the bytes each rank sends per step for the gradients (from the parameter count:
-# the ring sends 2 (N-1)/N of the buffer, 4 bytes an element in the default mode, 8 under
-# --reproducible, plus one int per gradient segment and rank for the scales).
+# mode, and the bytes each rank sends per step for the gradients (the summary's
+# wire_bytes_per_step, what the ring counted: 2 (N-1)/N of the buffer at 4 bytes an element in
+# the default mode; under --reproducible 8 bytes in the scatter-reduce and 4 in the allgather,
+# plus one int per gradient segment and rank for the scales).
 #
 # Usage: scripts/bench_reproducible.sh BUILD_DIR
 #   REPS=3   runs per mode and model
@@ -29,7 +30,6 @@ echo "|---|---|---|---|---|---|---|"
 for entry in "${models[@]}"; do
   name=${entry%%|*} flags=${entry#*|}
   for mode in "${modes[@]}"; do : >"$work/${mode%%|*}.ips"; : >"$work/${mode%%|*}.ms"; : >"$work/${mode%%|*}.comm"; done
-  params=0
   for ((r = 0; r < REPS; ++r)); do
     for mode in "${modes[@]}"; do
       tag=${mode%%|*} extra=${mode#*|}
@@ -40,20 +40,15 @@ for entry in "${models[@]}"; do
       field "$work/m.jsonl" images_per_sec >>"$work/$tag.ips"
       field "$work/m.jsonl" step_ms >>"$work/$tag.ms"
       field "$work/m.jsonl" comm_ms >>"$work/$tag.comm"
-      params=$(field "$work/m.jsonl" params)
-      segments=$(grep -o 'gradient segments: [0-9]*' "$work/log" | head -n 1 | grep -o '[0-9]*$' || true)
+      field "$work/m.jsonl" wire_bytes_per_step >"$work/$tag.bytes"
     done
   done
   base=$(median <"$work/default.ips")
   for mode in "${modes[@]}"; do
     tag=${mode%%|*}
     ips=$(median <"$work/$tag.ips") ms=$(median <"$work/$tag.ms") comm=$(median <"$work/$tag.comm")
-    if [[ $tag == default ]]; then
-      bytes=$(awk -v p="$params" -v n="$NP" 'BEGIN {printf "%.0f", 2 * (n - 1) / n * p * 4}')
-    else
-      bytes=$(awk -v p="$params" -v n="$NP" -v s="${segments:-0}" \
-        'BEGIN {printf "%.0f", 2 * (n - 1) / n * p * 8 + s * 4 * n}')
-    fi
+    bytes=$(awk '{printf "%.0f", $1}' "$work/$tag.bytes")
+    [[ $bytes == -1 ]] && bytes="not counted"
     printf '| %s | %s | %.0f | %.2f | %.2f | %.2fx the time | %s |\n' "$name" "$tag" "$ips" "$ms" \
       "$comm" "$(awk -v a="$ips" -v b="$base" 'BEGIN {print b / a}')" "$bytes"
   done

@@ -2,6 +2,7 @@
 #include "ringtrain/exact_sum.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -125,7 +126,7 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   kept_bounds_.assign(segments_.size(), kAllZeroBound);
   bounds_.reserve(segments_.size());
   all_bounds_.reserve(segments_.size() * static_cast<size_t>(comm.size()));
-  reserve_ring_sum(scratch_, static_cast<size_t>(total), comm.size(), ring_);
+  reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
 }
 
 void ExactGradSum::keep() {
@@ -147,8 +148,7 @@ void ExactGradSum::keep() {
 float* ExactGradSum::shard_buffer(int64_t shard) {
   RINGTRAIN_CHECK(0 <= shard && shard < local_micro_shards_, "micro-shard {} of {}", shard,
                   local_micro_shards_);
-  return shard + 1 < local_micro_shards_ ? kept_grads_[static_cast<size_t>(shard)].data()
-                                         : grads_;
+  return shard + 1 < local_micro_shards_ ? kept_grads_[static_cast<size_t>(shard)].data() : grads_;
 }
 
 void ExactGradSum::kept_in_place() {
@@ -184,10 +184,11 @@ std::span<const float> ExactGradSum::values(int64_t shard, const GradRange& segm
   return {base + segment.begin, static_cast<size_t>(segment.end - segment.begin)};
 }
 
-void ExactGradSum::agree_and_sum(size_t first, size_t count) {
+int64_t ExactGradSum::agree(size_t first, size_t count) {
   RINGTRAIN_CHECK(kept_ + 1 == local_micro_shards_,
                   "averaging with {} micro-shard(s) kept; this rank computes {}", kept_,
                   local_micro_shards_);
+  bounds_first_ = first;
   bounds_.resize(count);
   for (size_t s = 0; s < count; ++s)  // the kept micro-shards' bounds are known: add the last's
     bounds_[s] = std::max(kept_ > 0 ? kept_bounds_[first + s] : kAllZeroBound,
@@ -197,30 +198,104 @@ void ExactGradSum::agree_and_sum(size_t first, size_t count) {
   for (int r = 0; r < comm_.size(); ++r)  // every rank's, this one's included: the job's bound
     for (size_t s = 0; s < count; ++s)
       bounds_[s] = std::max(bounds_[s], all_bounds_[static_cast<size_t>(r) * count + s]);
-
-  for (size_t s = 0; s < count; ++s) {
-    const GradRange& segment = segments_[first + s];
-    if (bounds_[s] == kAllZeroBound || bounds_[s] == kNonFiniteBound) {
-      std::fill(sums_.begin() + segment.begin, sums_.begin() + segment.end, 0);
-      continue;
-    }
-    const int shift = fixed_point_shift(bounds_[s], micro_shards_);
-    // Block by block, every micro-shard into the block's sums: the sums stay in the L1 cache
-    // instead of streaming through memory once per micro-shard.
-    constexpr int64_t kBlock = 2048;
-    for (int64_t at = segment.begin; at < segment.end; at += kBlock) {
-      const auto size = static_cast<size_t>(std::min(kBlock, segment.end - at));
-      const std::span<int64_t> sums(sums_.data() + at, size);
-      const GradRange block{segment.layer, at, at + static_cast<int64_t>(size)};
-      to_fixed_point<Into::kAssign>(values(0, block), shift, sums);  // the first: no zeros
-      for (int64_t shard = 1; shard < local_micro_shards_; ++shard)
-        to_fixed_point<Into::kAdd>(values(shard, block), shift, sums);
-    }
-  }
-  comm_.board().progress();
+  // Counted as a ring allgather would send them: N - 1 ints per segment.
+  return static_cast<int64_t>(count * sizeof(int)) * (comm_.size() - 1);
 }
 
-void ExactGradSum::average(int64_t begin, int64_t end) {
+void ExactGradSum::fixed_point_terms(size_t segment, int64_t at, size_t n, const int64_t* received,
+                                     int64_t* out) const {
+  const int bound = bounds_[segment - bounds_first_];
+  if (bound == kAllZeroBound || bound == kNonFiniteBound) {
+    // Zeros (a NaN segment's result is NaN whatever its sums hold).
+    if (received != nullptr) {
+      std::copy(received, received + n, out);
+    } else {
+      std::fill(out, out + n, 0);
+    }
+    return;
+  }
+  const int shift = fixed_point_shift(bound, micro_shards_);
+  const int layer = segments_[segment].layer;
+  // Block by block, every micro-shard into the block's sums: the sums stay in the L1 cache
+  // instead of streaming through memory once per micro-shard.
+  constexpr size_t kBlock = 2048;
+  for (size_t done = 0; done < n; done += kBlock) {
+    const size_t size = std::min(kBlock, n - done);
+    const std::span<int64_t> sums(out + done, size);
+    const int64_t begin = at + static_cast<int64_t>(done);
+    const GradRange block{layer, begin, begin + static_cast<int64_t>(size)};
+    to_fixed_point<Into::kAssign>(values(0, block), shift, sums);  // the first: no zeros
+    for (int64_t shard = 1; shard < local_micro_shards_; ++shard)
+      to_fixed_point<Into::kAdd>(values(shard, block), shift, sums);
+    if (received != nullptr) {
+      const int64_t* __restrict in = received + done;
+      int64_t* __restrict sum = sums.data();
+      for (size_t i = 0; i < size; ++i) sum[i] += in[i];
+    }
+  }
+}
+
+void ExactGradSum::finish_terms(size_t segment, int64_t at, size_t n, const int64_t* received,
+                                float* result) const {
+  const int bound = bounds_[segment - bounds_first_];
+  if (bound == kAllZeroBound || bound == kNonFiniteBound) {
+    std::fill(result, result + n, bound == kAllZeroBound ? 0.0f : std::nanf(""));
+    return;
+  }
+  const int shift = fixed_point_shift(bound, micro_shards_);
+  constexpr size_t kBlock = 2048;
+  int64_t sums[kBlock];  // in the L1 cache between the terms and their conversion
+  for (size_t done = 0; done < n; done += kBlock) {
+    const size_t size = std::min(kBlock, n - done);
+    fixed_point_terms(segment, at + static_cast<int64_t>(done), size,
+                      received != nullptr ? received + done : nullptr, sums);
+    from_fixed_point({sums, size}, shift, micro_shards_, {result + done, size});
+  }
+}
+
+// One average() call as the exact ring sees it: the segments [first, first + count), the
+// ring's offsets counted from the first one's start.
+class ExactGradSum::RingTerms final : public ExactTerms {
+ public:
+  RingTerms(const ExactGradSum& sum, size_t first, size_t count)
+      : sum_(sum), first_(first), last_(first + count), base_(sum.segments_[first].begin) {}
+  void terms(size_t first, size_t n, const int64_t* received, int64_t* out) override {
+    for_each_piece(first, n, [&](size_t segment, int64_t at, size_t size, size_t offset) {
+      sum_.fixed_point_terms(segment, at, size, received != nullptr ? received + offset : nullptr,
+                             out + offset);
+    });
+  }
+  void finish(size_t first, size_t n, const int64_t* received, float* result) override {
+    for_each_piece(first, n, [&](size_t segment, int64_t at, size_t size, size_t offset) {
+      sum_.finish_terms(segment, at, size, received != nullptr ? received + offset : nullptr,
+                        result + first + offset);
+    });
+  }
+
+ private:
+  // fn(segment, absolute start, size, offset into the range) for each segment's piece of the
+  // ring's range [first, first + n).
+  template <class Fn>
+  void for_each_piece(size_t first, size_t n, Fn&& fn) const {
+    const int64_t begin = base_ + static_cast<int64_t>(first);
+    const int64_t end = begin + static_cast<int64_t>(n);
+    const auto segments = std::span(sum_.segments_).subspan(first_, last_ - first_);
+    auto it =
+        std::upper_bound(segments.begin(), segments.end(), begin,
+                         [](int64_t at, const GradRange& segment) { return at < segment.end; });
+    for (; it != segments.end() && it->begin < end; ++it) {
+      const int64_t from = std::max(begin, it->begin), to = std::min(end, it->end);
+      fn(first_ + static_cast<size_t>(it - segments.begin()), from, static_cast<size_t>(to - from),
+         static_cast<size_t>(from - begin));
+    }
+  }
+
+  const ExactGradSum& sum_;
+  size_t first_, last_;
+  int64_t base_;
+};
+
+int64_t ExactGradSum::average(int64_t begin, int64_t end) {
   const auto first =
       std::lower_bound(segments_.begin(), segments_.end(), begin,
                        [](const GradRange& segment, int64_t at) { return segment.begin < at; });
@@ -229,30 +304,28 @@ void ExactGradSum::average(int64_t begin, int64_t end) {
   RINGTRAIN_CHECK(first != segments_.end() && first->begin == begin && last != first &&
                       std::prev(last)->end == end,
                   "exact average of [{}, {}): not a run of whole gradient segments", begin, end);
+  const auto first_segment = static_cast<size_t>(first - segments_.begin());
   const auto count = static_cast<size_t>(last - first);
-  agree_and_sum(static_cast<size_t>(first - segments_.begin()), count);
-  ring_allreduce_sum(comm_, sums_.data() + begin, static_cast<size_t>(end - begin), scratch_,
-                     ring_);
-  for (size_t s = 0; s < count; ++s) {
-    const GradRange& segment = first[s];
-    const std::span<float> out(grads_ + segment.begin,
-                               static_cast<size_t>(segment.end - segment.begin));
-    if (bounds_[s] == kAllZeroBound) {
-      std::fill(out.begin(), out.end(), 0.0f);
-    } else if (bounds_[s] == kNonFiniteBound) {
-      std::fill(out.begin(), out.end(), std::nanf(""));
-    } else {
-      from_fixed_point({sums_.data() + segment.begin, out.size()},
-                       fixed_point_shift(bounds_[s], micro_shards_), micro_shards_, out);
-    }
-  }
+  const int64_t bound_bytes = agree(first_segment, count);
+  RingTerms terms(*this, first_segment, count);
+  const size_t ring_bytes =
+      ring_allreduce_exact(comm_, static_cast<size_t>(end - begin), terms, sums_.data() + begin,
+                           grads_ + begin, scratch_, ring_);
+  comm_.board().progress();
   averaged_ += end - begin;
+  return bound_bytes + static_cast<int64_t>(ring_bytes);
 }
 
 bool ExactGradSum::local_sums(std::span<int> shifts) {
   RINGTRAIN_CHECK(shifts.size() == segments_.size(), "{} shifts for {} gradient segments",
                   shifts.size(), segments_.size());
-  agree_and_sum(0, segments_.size());
+  agree(0, segments_.size());
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const GradRange& segment = segments_[s];
+    fixed_point_terms(s, segment.begin, static_cast<size_t>(segment.end - segment.begin), nullptr,
+                      sums_.data() + segment.begin);
+  }
+  comm_.board().progress();
   for (size_t s = 0; s < segments_.size(); ++s) {
     if (bounds_[s] == kNonFiniteBound) return false;
     // An all-zero segment sums to zeros, which convert back to zeros at any scale.
@@ -272,14 +345,21 @@ class ExactAllreduce final : public Allreduce {
                     "the exact reduction averages micro-shards; it was asked to sum");
     const int64_t begin = data - grads_;
     const PhaseScope phase(sum_.comm().board(), "exact gradient sum");
-    sum_.average(begin, begin + static_cast<int64_t>(count));
+    bytes_.fetch_add(sum_.average(begin, begin + static_cast<int64_t>(count)),
+                     std::memory_order_relaxed);
+    runs_.fetch_add(1, std::memory_order_relaxed);
   }
   AllreduceKind kind() const override { return AllreduceKind::kExactRing; }
+  Tally tally() const override {
+    return {.bytes_sent = bytes_.load(std::memory_order_relaxed),
+            .runs = runs_.load(std::memory_order_relaxed)};
+  }
   int size() const override { return sum_.comm().size(); }
 
  private:
   ExactGradSum& sum_;
   const float* grads_;
+  std::atomic<int64_t> bytes_{0}, runs_{0};  // tally() may read them from another thread
 };
 
 }  // namespace

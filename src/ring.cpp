@@ -105,10 +105,6 @@ void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& 
   slots.slots(reserve_handles(slots, count, ranks, options));
 }
 
-void reserve_ring_sum(RingScratch& slots, size_t count, int ranks, const RingOptions& options) {
-  slots.integer_slots(reserve_handles(slots, count, ranks, options));
-}
-
 size_t ring_elements_sent(size_t count, int ranks, int rank) {
   RINGTRAIN_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of a {}-rank ring", rank,
                   ranks);
@@ -129,70 +125,45 @@ int segment_tag(size_t segment) {
   return static_cast<int>(segment % 32768);
 }
 
-// The element types the ring moves: float (the averages) and int64_t (the exact sums of
-// exact_sum.h). Both travel as floats: the transports move bits, and an int64 is two of them.
-template <class T>
-constexpr size_t kFloatsPer = sizeof(T) / sizeof(float);
-static_assert(kFloatsPer<int64_t> * sizeof(float) == sizeof(int64_t));
-
-// The receive slots for elements of type T: the transport's slots for floats (host or device
-// memory), the host scratch's integer storage for the exact sums.
-float* slots_of(RingSlots& scratch, size_t elements, const float*) {
-  return scratch.slots(elements);
-}
-int64_t* slots_of(RingSlots& scratch, size_t elements, const int64_t*) {
-  // Only ring_allreduce_sum moves integers, and it takes a RingScratch.
-  return static_cast<RingScratch&>(scratch).integer_slots(elements);
-}
-
-// Adds a received segment into the buffer: the transport's add for floats (a kernel on a
-// device transport), a host loop for integers (exact; only host transports carry them).
-void add_segment(Comm& comm, float* dst, const float* src, size_t n) {
-  comm.add_inplace(dst, src, n);
-}
-void add_segment(Comm&, int64_t* dst, const int64_t* src, size_t n) {
-  int64_t* __restrict out = dst;
-  const int64_t* __restrict in = src;
-  for (size_t i = 0; i < n; ++i) out[i] += in[i];
-}
+// The exact sums of exact_sum.h travel as floats too: the transports move bits, and an int64
+// is two floats.
+constexpr size_t kFloatsPerInteger = sizeof(int64_t) / sizeof(float);
+static_assert(kFloatsPerInteger * sizeof(float) == sizeof(int64_t));
 
 // How ring_step moves a buffer's elements as the transport's floats: where the floats of send
 // segment [first, first + n) come from, where a received segment lands, and what is done once
 // it has landed. `slot` is k % window for segment k: a send slot is free again once the send
 // of segment k - window completed, a receive slot once segment k - window was handled.
 //
-// DirectWire: the elements travel as themselves (floats, or int64s as two floats each); sends
-// read the buffer, the scatter-reduce receives into the slots and adds, the allgather receives
-// straight into place.
-template <class T>
+// DirectWire: the floats travel as themselves; sends read the buffer, the scatter-reduce
+// receives into the slots and adds (the transport's add: a kernel on a device transport), the
+// allgather receives straight into place.
 class DirectWire {
  public:
-  DirectWire(Comm& comm, T* data, RingSlots& scratch, const RingOptions& options)
+  DirectWire(Comm& comm, float* data, RingSlots& scratch, const RingOptions& options)
       : comm_(comm),
         data_(data),
         scratch_(scratch),
         segment_(options.segment_elements),
         window_(static_cast<size_t>(options.window)) {}
   void begin_step(size_t recv_n, bool reduce) {
-    slots_ = reduce ? slots_of(scratch_, std::min(window_ * segment_, recv_n), data_) : nullptr;
+    slots_ = reduce ? scratch_.slots(std::min(window_ * segment_, recv_n)) : nullptr;
   }
-  const float* send(size_t first, size_t, size_t, bool) {
-    return reinterpret_cast<const float*>(data_ + first);
-  }
-  static size_t floats(size_t n) { return n * kFloatsPer<T>; }
+  const float* send(size_t first, size_t, size_t, bool) { return data_ + first; }
+  static size_t floats(size_t n) { return n; }
   float* landing(size_t first, size_t slot, bool reduce) {
-    return reinterpret_cast<float*>(reduce ? slots_ + slot * segment_ : data_ + first);
+    return reduce ? slots_ + slot * segment_ : data_ + first;
   }
   void landed(size_t first, size_t n, size_t slot, bool reduce) {
-    if (reduce) add_segment(comm_, data_ + first, slots_ + slot * segment_, n);
+    if (reduce) comm_.add_inplace(data_ + first, slots_ + slot * segment_, n);
   }
 
  private:
   Comm& comm_;
-  T* data_;
+  float* data_;
   RingSlots& scratch_;
   size_t segment_, window_;
-  T* slots_ = nullptr;
+  float* slots_ = nullptr;
 };
 
 // SixteenBitWire: float32 buffer, 16-bit wire (wire.h). A send encodes the segment of the
@@ -242,6 +213,64 @@ class SixteenBitWire {
   size_t stride_;
   size_t bytes_sent_ = 0;
 };
+
+// ExactWire: the exact sum's scatter-reduce (ring_allreduce_exact). Its first step sends this
+// rank's terms, computed into a send slot as each segment goes; later steps send the partial
+// sums that earlier steps left in `partial`. A received segment lands in a receive slot and
+// is added to this rank's terms into `partial`, or, on the last step, where the chunk is
+// finished, converted into `result`. Slots are `stride` integers apart, receives first.
+class ExactWire {
+ public:
+  ExactWire(ExactTerms& terms, int64_t* partial, float* result, int64_t* slots, size_t stride,
+            size_t window)
+      : terms_(terms),
+        partial_(partial),
+        result_(result),
+        recv_slots_(slots),
+        send_slots_(slots + window * stride),
+        stride_(stride) {}
+  // Which scatter-reduce step the next ring_step is, of `steps`.
+  void set_step(int step, int steps) {
+    first_step_ = step == 0;
+    last_step_ = step + 1 == steps;
+  }
+  void begin_step(size_t, bool) {}
+  const float* send(size_t first, size_t n, size_t slot, bool) {
+    bytes_sent_ += n * sizeof(int64_t);
+    if (!first_step_) return reinterpret_cast<const float*>(partial_ + first);
+    int64_t* out = send_slots_ + slot * stride_;
+    terms_.terms(first, n, nullptr, out);
+    return reinterpret_cast<const float*>(out);
+  }
+  static size_t floats(size_t n) { return n * kFloatsPerInteger; }
+  float* landing(size_t, size_t slot, bool) {
+    return reinterpret_cast<float*>(recv_slots_ + slot * stride_);
+  }
+  void landed(size_t first, size_t n, size_t slot, bool) {
+    const int64_t* in = recv_slots_ + slot * stride_;
+    if (last_step_) {
+      terms_.finish(first, n, in, result_);
+    } else {
+      terms_.terms(first, n, in, partial_ + first);
+    }
+  }
+  size_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  ExactTerms& terms_;
+  int64_t* partial_;
+  float* result_;
+  int64_t* recv_slots_;
+  int64_t* send_slots_;
+  size_t stride_;
+  bool first_step_ = true, last_step_ = false;
+  size_t bytes_sent_ = 0;
+};
+
+// The integer slots of ring_allreduce_exact: one segment (at most the largest chunk) apart.
+size_t exact_slot_stride(size_t count, int ranks, const RingOptions& options) {
+  return std::min(ring_chunk(count, ranks, 0).size, options.segment_elements);
+}
 
 // The 16-bit slots one ring of `count` elements asks for: window send and window receive
 // slots of one segment (at most the largest chunk), rounded up to an even count.
@@ -319,29 +348,18 @@ void allgather_through(Comm& comm, Codec& codec, size_t count, RingSlots& slots,
   }
 }
 
-template <class T>
-void reduce_scatter(Comm& comm, T* data, size_t count, RingSlots& slots,
-                    const RingOptions& options) {
-  DirectWire<T> codec(comm, data, slots, options);
-  reduce_scatter_through(comm, codec, count, slots, options);
-}
-
-template <class T>
-void allgather(Comm& comm, T* data, size_t count, RingSlots& slots, const RingOptions& options) {
-  DirectWire<T> codec(comm, data, slots, options);
-  allgather_through(comm, codec, count, slots, options);
-}
-
 }  // namespace
 
 void ring_reduce_scatter(Comm& comm, float* data, size_t count, RingSlots& slots,
                          const RingOptions& options) {
-  reduce_scatter(comm, data, count, slots, options);
+  DirectWire codec(comm, data, slots, options);
+  reduce_scatter_through(comm, codec, count, slots, options);
 }
 
 void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
                     const RingOptions& options) {
-  allgather(comm, data, count, slots, options);
+  DirectWire codec(comm, data, slots, options);
+  allgather_through(comm, codec, count, slots, options);
 }
 
 void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlots& slots,
@@ -357,10 +375,34 @@ void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlot
   ring_allgather(comm, data, count, slots, options);
 }
 
-void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingScratch& slots,
-                        const RingOptions& options) {
-  reduce_scatter(comm, data, count, slots, options);
-  allgather(comm, data, count, slots, options);
+void reserve_ring_exact(RingScratch& slots, size_t count, int ranks, const RingOptions& options) {
+  reserve_handles(slots, count, ranks, options);
+  slots.integer_slots(2 * static_cast<size_t>(options.window) *
+                      exact_slot_stride(count, ranks, options));
+}
+
+size_t ring_allreduce_exact(Comm& comm, size_t count, ExactTerms& terms, int64_t* partial,
+                            float* result, RingScratch& slots, const RingOptions& options) {
+  check_ring_options(options);
+  const int n = comm.size(), r = comm.rank();
+  if (n == 1) {
+    terms.finish(0, count, nullptr, result);
+    return 0;
+  }
+  const size_t window = static_cast<size_t>(options.window);
+  const size_t stride = exact_slot_stride(count, n, options);
+  ExactWire codec(terms, partial, result, slots.integer_slots(2 * window * stride), stride, window);
+  for (int step = 0; step + 1 < n; ++step) {  // reduce_scatter_through, telling the codec the step
+    const ChunkRange out = ring_chunk(count, n, ring_mod(r - step, n));
+    const ChunkRange in = ring_chunk(count, n, ring_mod(r - step - 1, n));
+    codec.set_step(step, n - 1);
+    ring_step(comm, codec, out.begin, out.size, in.begin, in.size, /*reduce=*/true, slots, options);
+  }
+  ring_allgather(comm, result, count, slots, options);
+  size_t gathered = 0;
+  for (int step = 0; step + 1 < n; ++step)
+    gathered += ring_chunk(count, n, ring_mod(r + 1 - step, n)).size;
+  return codec.bytes_sent() + gathered * sizeof(float);
 }
 
 void reserve_ring_wire(RingScratch& slots, size_t count, int ranks, const RingOptions& options) {

@@ -116,24 +116,85 @@ TEST_CASE("exact sum: fixed point rounds to nearest even and keeps K terms withi
   }
 }
 
-TEST_CASE("exact sum: the integer ring sums exactly over any rank count", "[exact][ring]") {
+namespace {
+
+// Rank r's integer term of element i: near 2^58, where a float or double sum would lose the
+// low bits, different on every rank.
+int64_t big_term(size_t i, int rank) {
+  return (int64_t{1} << 58) + static_cast<int64_t>(i) * (rank + 1) - 7;
+}
+
+// The ring's side of a test: terms as big_term gives them; finish records each finished sum
+// and writes a float that says whether it was the exact sum over `ranks` ranks.
+class RecordingTerms final : public ExactTerms {
+ public:
+  RecordingTerms(int rank, int ranks, size_t count)
+      : rank_(rank), ranks_(ranks), finished_(count, 0), finishes_(count, 0) {}
+  void terms(size_t first, size_t n, const int64_t* received, int64_t* out) override {
+    for (size_t i = 0; i < n; ++i)
+      out[i] = big_term(first + i, rank_) + (received != nullptr ? received[i] : 0);
+  }
+  void finish(size_t first, size_t n, const int64_t* received, float* result) override {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = first + i;
+      finished_[at] = big_term(at, rank_) + (received != nullptr ? received[i] : 0);
+      ++finishes_[at];
+      result[at] = static_cast<float>(at % 1000) + (finished_[at] == expected(at) ? 0.0f : 0.5f);
+    }
+  }
+  int64_t expected(size_t i) const {
+    int64_t sum = 0;
+    for (int r = 0; r < ranks_; ++r) sum += big_term(i, r);
+    return sum;
+  }
+  const std::vector<int>& finishes() const { return finishes_; }
+
+ private:
+  int rank_, ranks_;
+  std::vector<int64_t> finished_;
+  std::vector<int> finishes_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "exact sum: the integer ring sums exactly over any rank count, finishing each element once",
+    "[exact][ring]") {
   for (const int ranks : {1, 2, 3, 5, 8}) {
     const size_t count = 1001;
-    std::vector<std::vector<int64_t>> results(static_cast<size_t>(ranks));
+    std::vector<std::vector<float>> results(static_cast<size_t>(ranks));
+    std::vector<std::vector<int>> finishes(static_cast<size_t>(ranks));
+    std::vector<size_t> sent(static_cast<size_t>(ranks));
     run_ranks(ranks, [&](Comm& comm) {
-      // Near 2^58 each: a float sum of these would lose the low bits.
-      std::vector<int64_t> data(count);
-      for (size_t i = 0; i < count; ++i)
-        data[i] = (int64_t{1} << 58) + static_cast<int64_t>(i) * (comm.rank() + 1) - 7;
+      RecordingTerms terms(comm.rank(), ranks, count);
+      std::vector<int64_t> partial(count, -1);
+      std::vector<float> result(count, -1.0f);
       RingScratch scratch;
-      ring_allreduce_sum(comm, data.data(), count, scratch,
-                         RingOptions{.segment_elements = 64, .window = 3});
-      results[static_cast<size_t>(comm.rank())] = data;
+      const RingOptions options{.segment_elements = 64, .window = 3};
+      reserve_ring_exact(scratch, count, ranks, options);
+      sent[static_cast<size_t>(comm.rank())] =
+          ring_allreduce_exact(comm, count, terms, partial.data(), result.data(), scratch, options);
+      results[static_cast<size_t>(comm.rank())] = result;
+      finishes[static_cast<size_t>(comm.rank())] = terms.finishes();
     });
     for (size_t i = 0; i < count; ++i) {
-      const int64_t expected =
-          ranks * ((int64_t{1} << 58) - 7) + static_cast<int64_t>(i) * ranks * (ranks + 1) / 2;
-      for (const auto& rank_result : results) REQUIRE(rank_result[i] == expected);
+      int finished = 0;
+      for (int r = 0; r < ranks; ++r) {
+        // Exact (no 0.5 mark) and copied bit for bit to every rank.
+        REQUIRE(results[static_cast<size_t>(r)][i] == static_cast<float>(i % 1000));
+        finished += finishes[static_cast<size_t>(r)][i];
+      }
+      REQUIRE(finished == 1);  // converted once in the job, by the chunk's owner
+    }
+    // Integers in the scatter-reduce (step s sends chunk r - s), floats in the allgather
+    // (chunk r + 1 - s).
+    for (int r = 0; r < ranks; ++r) {
+      size_t expected = 0;
+      for (int step = 0; step + 1 < ranks; ++step) {
+        expected += 8 * ring_chunk(count, ranks, (r - step + ranks) % ranks).size;
+        expected += 4 * ring_chunk(count, ranks, (r + 1 - step + ranks) % ranks).size;
+      }
+      CHECK(sent[static_cast<size_t>(r)] == expected);
     }
   }
 }

@@ -9,7 +9,7 @@
 // 2^shift that every rank agrees on, from the largest magnitude of that segment over every
 // micro-shard of the job (an allgather of one exponent per segment); each micro-shard's values
 // are rounded once to integers at that scale, summed as integers within the rank and across
-// ranks by the ring (ring_allreduce_sum), and converted back once:
+// ranks by the ring (ring_allreduce_exact), and converted back once:
 //
 //   bound  = max over micro-shards j and elements i of exponent(|g_j[i]|)   (|g| < 2^bound)
 //   shift  = 50 - ceil(log2 K) - bound       (K micro-shards: every sum stays within 2^50)
@@ -88,7 +88,10 @@ class ExactGradSum {
   // Collective: [begin, end) must be a run of whole segments, the same on every rank, in the
   // same order, once per step each, after keep() was called local_micro_shards - 1 times.
   // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
-  void average(int64_t begin, int64_t end);
+  // The ring is ring_allreduce_exact: integers in the scatter-reduce, the averages' floats in
+  // the allgather. Returns the bytes this rank sent (the bounds, counted as a ring allgather
+  // would send them, and the ring's payload).
+  int64_t average(int64_t begin, int64_t end);
 
   // The parameter servers' exact sum (--strategy ps): collective over comm (the workers), in
   // place of average(), after keep() was called local_micro_shards - 1 times. Agrees every
@@ -118,9 +121,17 @@ class ExactGradSum {
  private:
   // Micro-shard `shard` of this rank (the kept copies, then the buffer), one segment of it.
   std::span<const float> values(int64_t shard, const GradRange& segment) const;
-  // Collective: the job's bound of segments [first, first + count) into bounds_, and this
-  // rank's fixed-point sums of them into sums_.
-  void agree_and_sum(size_t first, size_t count);
+  // Collective: the job's bound of segments [first, first + count) into bounds_. Returns the
+  // bytes this rank sent for it.
+  int64_t agree(size_t first, size_t count);
+  // out[i] = this rank's fixed-point sum of its micro-shards at element at + i (plus
+  // received[i] when given), for n elements of segment `segment`, at the scale agree() found.
+  void fixed_point_terms(size_t segment, int64_t at, size_t n, const int64_t* received,
+                         int64_t* out) const;
+  // result[i] = the average that the finished sum (these terms plus received[i]) stands for.
+  void finish_terms(size_t segment, int64_t at, size_t n, const int64_t* received,
+                    float* result) const;
+  class RingTerms;  // the exact ring's view of one average() call (exact_sum.cpp)
 
   Comm& comm_;
   float* grads_;
@@ -136,9 +147,11 @@ class ExactGradSum {
   int64_t kept_ = 0;
   int64_t averaged_ = 0;          // gradients averaged this step
   std::vector<int> kept_bounds_;  // per segment, over the kept micro-shards
-  std::vector<int64_t> sums_;     // one per gradient
-  std::vector<int> bounds_;       // the job's, per segment of one agree_and_sum() call
-  std::vector<int> all_bounds_;   // every rank's
+  std::vector<int> bounds_;       // the job's, per segment of one agree() call,
+  size_t bounds_first_ = 0;       // from this segment on
+  // This rank's integer sums of its micro-shards (local_sums), or the ring's partial sums.
+  std::vector<int64_t> sums_;    // one per gradient
+  std::vector<int> all_bounds_;  // every rank's
   RingScratch scratch_;
 };
 

@@ -49,7 +49,7 @@ class RingScratch final : public RingSlots {
   std::vector<CommRequest>& sends(size_t n) override;
   std::vector<CommRequest>& recvs(size_t n) override;
   size_t capacity() const { return buffer_.size(); }
-  // The slots of ring_allreduce_sum: integers, in storage of their own.
+  // The slots of ring_allreduce_exact: integers, in storage of their own.
   int64_t* integer_slots(size_t elements);
   // The slots of ring_allreduce_wire: 16-bit values, send and receive, in storage of their own.
   uint16_t* wire_slots(size_t elements);
@@ -64,8 +64,6 @@ class RingScratch final : public RingSlots {
 // Grows `slots` to what ring_allreduce of `count` elements over `ranks` asks for (the largest
 // chunk, capped at window x segment, and the handles), so that no call of that size grows it.
 void reserve_ring(RingSlots& slots, size_t count, int ranks, const RingOptions& options = {});
-// The same for ring_allreduce_sum of `count` integers.
-void reserve_ring_sum(RingScratch& slots, size_t count, int ranks, const RingOptions& options = {});
 // The same for ring_allreduce_wire of `count` floats.
 void reserve_ring_wire(RingScratch& slots, size_t count, int ranks,
                        const RingOptions& options = {});
@@ -83,11 +81,34 @@ void ring_allgather(Comm& comm, float* data, size_t count, RingSlots& slots,
 // Sum or average over all ranks, in place; every rank ends with the same bits.
 void ring_allreduce(Comm& comm, float* data, size_t count, ReduceOp op, RingSlots& slots,
                     const RingOptions& options = {});
-// The same ring over 64-bit integers, summed: integer addition is associative, so the result
-// is the exact sum whatever the rank count and the ring's order (the exact reduction of
-// exact_sum.h). Host transports and host slots only (the add is a host loop). A segment is
-// options.segment_elements integers, twice a float segment's bytes.
-void ring_allreduce_sum(Comm& comm, int64_t* data, size_t count, RingScratch& slots,
+
+// What ring_allreduce_exact asks of the exact sum it moves (exact_sum.h): this rank's
+// fixed-point terms of a range, and the float result of a range's finished integer sums.
+// Offsets count from the start of the ring's buffer.
+class ExactTerms {
+ public:
+  virtual ~ExactTerms() = default;
+  // out[i] = this rank's integer term of element first + i, plus received[i] when given.
+  virtual void terms(size_t first, size_t n, const int64_t* received, int64_t* out) = 0;
+  // result[first + i] = the float of the finished sum: this rank's term of element first + i
+  // plus received[i] (none on one rank). A range's terms are read before its results are
+  // written, so `result` may be where the terms are computed from.
+  virtual void finish(size_t first, size_t n, const int64_t* received, float* result) = 0;
+};
+
+// The exact sum's ring: the integer sum of every rank's terms, converted to floats. Integer
+// addition is associative, so the sums are exact whatever the rank count and the ring's order.
+// The scatter-reduce computes the terms as it sends (the first step) and as
+// it receives, adding the received integers into them, so that this rank's integer sums are
+// never written out whole; the owner of a finished chunk converts it (finish), and the
+// allgather moves the floats: 4 bytes an element instead of 8, and the conversion done once
+// per element in the job instead of once per rank. `partial`: `count` integers for the sums
+// in passage (read only beyond 2 ranks); `result`: `count` floats, which every rank ends with
+// bit for bit. Host transports and host slots. Returns the bytes this rank sent.
+size_t ring_allreduce_exact(Comm& comm, size_t count, ExactTerms& terms, int64_t* partial,
+                            float* result, RingScratch& slots, const RingOptions& options = {});
+// Grows `slots` to what ring_allreduce_exact of `count` elements over `ranks` asks for.
+void reserve_ring_exact(RingScratch& slots, size_t count, int ranks,
                         const RingOptions& options = {});
 
 // The ring over a 16-bit wire (wire.h: `wire` is kBf16 or kFp16, `exponents` its scales, which
