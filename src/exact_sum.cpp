@@ -123,7 +123,6 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   kept_grads_.reserve(static_cast<size_t>(local_micro_shards - 1));
   for (int64_t k = 0; k + 1 < local_micro_shards; ++k) kept_grads_.emplace_back(Shape{total});
   sums_.assign(static_cast<size_t>(total), 0);
-  kept_bounds_.assign(segments_.size(), kAllZeroBound);
   bounds_.reserve(segments_.size());
   all_bounds_.reserve(segments_.size() * static_cast<size_t>(comm.size()));
   reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
@@ -133,15 +132,7 @@ void ExactGradSum::keep() {
   RINGTRAIN_CHECK(kept_ + 1 < local_micro_shards_,
                   "keep() called for micro-shard {} of {}: the last one stays in the buffer",
                   kept_ + 1, local_micro_shards_);
-  if (kept_ == 0) std::fill(kept_bounds_.begin(), kept_bounds_.end(), kAllZeroBound);
-  float* const copy = kept_grads_[static_cast<size_t>(kept_)].data();
-  // The bound of each segment as it is copied: one pass over the values, not two.
-  for (size_t s = 0; s < segments_.size(); ++s) {
-    const GradRange& segment = segments_[s];
-    const auto size = static_cast<size_t>(segment.end - segment.begin);
-    std::memcpy(copy + segment.begin, grads_ + segment.begin, size * sizeof(float));
-    kept_bounds_[s] = std::max(kept_bounds_[s], exponent_bound({copy + segment.begin, size}));
-  }
+  std::memcpy(kept_grads_[static_cast<size_t>(kept_)].data(), grads_, sums_.size() * sizeof(float));
   ++kept_;
 }
 
@@ -156,14 +147,6 @@ void ExactGradSum::kept_in_place() {
                   "kept_in_place() called for micro-shard {} of {}: the last one stays in the "
                   "buffer",
                   kept_ + 1, local_micro_shards_);
-  if (kept_ == 0) std::fill(kept_bounds_.begin(), kept_bounds_.end(), kAllZeroBound);
-  const float* const kept = kept_grads_[static_cast<size_t>(kept_)].data();
-  for (size_t s = 0; s < segments_.size(); ++s) {
-    const GradRange& segment = segments_[s];
-    kept_bounds_[s] = std::max(
-        kept_bounds_[s],
-        exponent_bound({kept + segment.begin, static_cast<size_t>(segment.end - segment.begin)}));
-  }
   ++kept_;
 }
 
@@ -190,9 +173,13 @@ int64_t ExactGradSum::agree(size_t first, size_t count) {
                   local_micro_shards_);
   bounds_first_ = first;
   bounds_.resize(count);
-  for (size_t s = 0; s < count; ++s)  // the kept micro-shards' bounds are known: add the last's
-    bounds_[s] = std::max(kept_ > 0 ? kept_bounds_[first + s] : kAllZeroBound,
-                          exponent_bound(values(kept_, segments_[first + s])));
+  // This rank's bound of each segment, over its micro-shards: read here, when the segment is
+  // final in every one of them (stacked micro-shards finish a layer's together).
+  for (size_t s = 0; s < count; ++s) {
+    bounds_[s] = kAllZeroBound;
+    for (int64_t shard = 0; shard < local_micro_shards_; ++shard)
+      bounds_[s] = std::max(bounds_[s], exponent_bound(values(shard, segments_[first + s])));
+  }
   all_bounds_.resize(count * static_cast<size_t>(comm_.size()));
   comm_.allgather(bounds_.data(), all_bounds_.data(), count * sizeof(int));
   for (int r = 0; r < comm_.size(); ++r)  // every rank's, this one's included: the job's bound

@@ -36,16 +36,19 @@ void Model::add(std::unique_ptr<Layer> layer) {
 void Model::write_grads_to(float* buffer) {
   RINGTRAIN_CHECK(finalized_ && device_ == Device::kCpu,
                   "write_grads_to() needs a finalized host model");
-  float* const base = buffer != nullptr ? buffer : grads_.data();
-  for (int i = 0; i < num_layers(); ++i) {
-    const auto& own = grad_tensors_[static_cast<size_t>(i)];
-    if (own.empty()) continue;
-    std::vector<Tensor> grads;
-    grads.reserve(own.size());
-    for (const Tensor& view : own)  // the same offset in `base` as in grads_
-      grads.push_back(Tensor::view(base + (view.data() - grads_.data()), view.shape(), device_));
-    layers_[static_cast<size_t>(i)]->bind(param_tensors_[static_cast<size_t>(i)], grads);
-  }
+  grads_target_ = buffer;
+  for (int i = 0; i < num_layers(); ++i)
+    bind_layer_grads(i, buffer != nullptr ? buffer : grads_.data());
+}
+
+void Model::bind_layer_grads(int layer, float* base) {
+  const auto& own = grad_tensors_[static_cast<size_t>(layer)];
+  if (own.empty()) return;
+  std::vector<Tensor> grads;
+  grads.reserve(own.size());
+  for (const Tensor& view : own)  // the same offset in `base` as in grads_
+    grads.push_back(Tensor::view(base + (view.data() - grads_.data()), view.shape(), device_));
+  layers_[static_cast<size_t>(layer)]->bind(param_tensors_[static_cast<size_t>(layer)], grads);
 }
 
 void Model::finalize(Device device) {
@@ -149,6 +152,24 @@ const Tensor& Model::forward(const Tensor& x, Context& ctx) {
   return acts_.back();
 }
 
+void Model::layer_param_grads(int layer, const Tensor& x, const Tensor& y, const Tensor& dy,
+                              Context& ctx, const GradReadyFn& on_grad_ready) {
+  const auto [begin, end] = layer_ranges_[static_cast<size_t>(layer)];
+  struct Progress {
+    const GradReadyFn* ready;
+    int layer;
+    int64_t begin, reported;
+  } state{&on_grad_ready, layer, begin, 0};
+  const GradProgressFn progress = [p = &state](int64_t done) {  // one pointer: no allocation
+    if (*p->ready && done > p->reported) {
+      (*p->ready)(GradRange{p->layer, p->begin + p->reported, p->begin + done});
+    }
+    p->reported = std::max(p->reported, done);
+  };
+  layers_[static_cast<size_t>(layer)]->backward_params(x, y, dy, ctx, progress);
+  progress(end - begin);
+}
+
 void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready) {
   RINGTRAIN_CHECK(dlogits.shape() == acts_.back().shape(),
                   "backward() got dlogits {} for logits {}", dlogits.shape().str(),
@@ -157,24 +178,74 @@ void Model::backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_
   for (int i = num_layers() - 1; i >= first_with_params_; --i) {
     const auto index = static_cast<size_t>(i);
     Layer& layer = *layers_[index];
-    const auto [begin, end] = layer_ranges_[index];
     if (observer_ != nullptr) observer_->layer_begin(i);
     // Parameter gradients first, reported as they are finished (in pieces for a large layer),
     // so their averaging overlaps the rest of backward, starting with this layer's dx.
-    if (end > begin) {
-      struct Progress {
-        const GradReadyFn* ready;
-        int layer;
-        int64_t begin, reported;
-      } state{&on_grad_ready, i, begin, 0};
-      const GradProgressFn progress = [p = &state](int64_t done) {  // one pointer: no allocation
-        if (*p->ready && done > p->reported) {
-          (*p->ready)(GradRange{p->layer, p->begin + p->reported, p->begin + done});
-        }
-        p->reported = std::max(p->reported, done);
-      };
-      layer.backward_params(acts_[index], acts_[index + 1], dacts_[index + 1], ctx, progress);
-      progress(end - begin);
+    if (layer_ranges_[index].second > layer_ranges_[index].first)
+      layer_param_grads(i, acts_[index], acts_[index + 1], dacts_[index + 1], ctx, on_grad_ready);
+    if (i > first_with_params_) {
+      layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
+    }
+    if (observer_ != nullptr) observer_->layer_end(i);
+  }
+}
+
+bool Model::can_stack_micro_shards(int64_t rows) const {
+  RINGTRAIN_CHECK(finalized_ && rows > 0, "can_stack_micro_shards({}) needs a finalized model",
+                  rows);
+  if (device_ != Device::kCpu || rows % 4 != 0) return false;
+  // A micro-shard's block of an activation starts at rows x width floats from the batch's
+  // 64-byte aligned start.
+  const auto aligned = [rows](int64_t width) {
+    return (rows * width * static_cast<int64_t>(sizeof(float))) % 64 == 0;
+  };
+  Shape shape = input_;
+  if (!aligned(shape.numel())) return false;
+  for (const auto& layer : layers_) {
+    if (!layer->rows_independent()) return false;
+    shape = layer->output_shape(shape);
+    if (!aligned(shape.numel())) return false;
+  }
+  return true;
+}
+
+namespace {
+// Rows [shard * rows, (shard + 1) * rows) of a batch tensor, as a view.
+Tensor row_block(const Tensor& batch, int64_t shard, int64_t rows) {
+  const Shape sample = batch.shape().without_leading();
+  return Tensor::view(const_cast<float*>(batch.data()) + shard * rows * sample.numel(),
+                      sample.with_leading(rows), batch.device());
+}
+}  // namespace
+
+void Model::backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets,
+                                  Context& ctx, const GradReadyFn& on_grad_ready) {
+  RINGTRAIN_CHECK(dlogits.shape() == acts_.back().shape(),
+                  "backward_micro_shards() got dlogits {} for logits {}", dlogits.shape().str(),
+                  acts_.back().shape().str());
+  const auto shards = static_cast<int64_t>(targets.size());
+  RINGTRAIN_CHECK(shards >= 1 && dlogits.dim(0) % shards == 0 &&
+                      can_stack_micro_shards(dlogits.dim(0) / shards) && grads_target_ == nullptr,
+                  "backward_micro_shards: {} rows cannot be {} stacked micro-shards of this model "
+                  "(or write_grads_to redirects the gradients)",
+                  dlogits.dim(0), shards);
+  const int64_t rows = dlogits.dim(0) / shards;
+  dacts_.back() = dlogits;
+  for (int i = num_layers() - 1; i >= first_with_params_; --i) {
+    const auto index = static_cast<size_t>(i);
+    Layer& layer = *layers_[index];
+    if (observer_ != nullptr) observer_->layer_begin(i);
+    if (layer_ranges_[index].second > layer_ranges_[index].first) {
+      for (int64_t shard = 0; shard < shards; ++shard) {
+        float* const target = targets[static_cast<size_t>(shard)];
+        bind_layer_grads(i, target != nullptr ? target : grads_.data());
+        const bool last = shard + 1 == shards;
+        static const GradReadyFn kUnreported;
+        layer_param_grads(
+            i, row_block(acts_[index], shard, rows), row_block(acts_[index + 1], shard, rows),
+            row_block(dacts_[index + 1], shard, rows), ctx, last ? on_grad_ready : kUnreported);
+      }
+      bind_layer_grads(i, grads_.data());
     }
     if (i > first_with_params_) {
       layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);

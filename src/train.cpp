@@ -54,11 +54,13 @@ struct RangeSink {
 };
 
 // Forward, the loss and backward on rows [first, first + rows) of the batch, each gradient
-// range handed to `sink` as backward finishes it. Adds the correct rows to *correct and
-// returns the mean loss.
+// range handed to `sink` as backward finishes it. With `stacked` targets, the rows are
+// stacked micro-shards of equal rows, each with its own loss mean and its parameter
+// gradients written to its target (Model::backward_micro_shards). Adds the correct rows to
+// *correct and returns the sum of the micro-shards' mean losses (the mean loss without).
 double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t rows,
-                        StepWorkspace& workspace, Context& ctx, const RangeSink& sink,
-                        int64_t* correct) {
+                        std::span<float* const> stacked, StepWorkspace& workspace, Context& ctx,
+                        const RangeSink& sink, int64_t* correct) {
   ProgressBoard* const board = workspace.board;
   const Shape sample = batch.images.shape().without_leading();
   // A view: forward only reads its input.
@@ -68,20 +70,32 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   const Tensor& logits = model.forward(images, ctx);
   if (board != nullptr) board->progress();  // for the watchdog: computing is moving
   workspace.dlogits.resize(logits.shape());
-  int64_t piece_correct = 0;
-  const double loss = softmax_xent(logits.data(), batch.labels.data() + first,
-                                   workspace.dlogits.data(), rows, logits.dim(1), &piece_correct);
-  *correct += piece_correct;
+  // Each micro-shard's loss over its own rows: its gradient is scaled by 1 / its rows.
+  const int64_t shards = stacked.empty() ? 1 : static_cast<int64_t>(stacked.size());
+  const int64_t shard_rows = rows / shards, classes = logits.dim(1);
+  double loss = 0.0;
+  for (int64_t shard = 0; shard < shards; ++shard) {
+    int64_t shard_correct = 0;
+    const int64_t at = shard * shard_rows;
+    loss +=
+        softmax_xent(logits.data() + at * classes, batch.labels.data() + first + at,
+                     workspace.dlogits.data() + at * classes, shard_rows, classes, &shard_correct);
+    *correct += shard_correct;
+  }
   forward_span.close();
   TraceScope backward_span(workspace.timeline, TraceKind::kBackward);
   if (sink.sync != nullptr) sink.sync->begin_backward();
+  GradReadyFn on_ready;
   if (sink.wants_ranges()) {
-    model.backward(workspace.dlogits, ctx, [&sink, board](const GradRange& range) {
+    on_ready = [&sink, board](const GradRange& range) {
       if (board != nullptr) board->progress();
       sink(range);
-    });
+    };
+  }
+  if (!stacked.empty()) {
+    model.backward_micro_shards(workspace.dlogits, stacked, ctx, on_ready);
   } else {
-    model.backward(workspace.dlogits, ctx);
+    model.backward(workspace.dlogits, ctx, on_ready);
   }
   backward_span.close();
   if (sink.sync != nullptr) sink.sync->finish();
@@ -138,6 +152,24 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
     const int64_t piece_rows = rows / pieces;
     stats.samples += rows;
     const bool last_pass = pass + 1 == pass_count;
+    if (exact != nullptr && pieces > 1 && ctx.threads == 1 &&
+        model.can_stack_micro_shards(piece_rows)) {
+      // The pass's micro-shards stacked: one forward and one backward for all of them, with
+      // the bits of one after another (Model::can_stack_micro_shards; on one thread, as a
+      // threaded GEMM splits its work by the sizes), and the weights packed for the GEMMs
+      // once instead of once per micro-shard.
+      workspace.stacked_targets.resize(static_cast<size_t>(pieces));
+      for (int64_t piece = 0; piece < pieces; ++piece) {
+        const bool last = last_pass && piece + 1 == pieces;
+        workspace.stacked_targets[static_cast<size_t>(piece)] =
+            last ? nullptr : exact->shard_buffer(pass * pieces + piece);
+        if (!last) exact->kept_in_place();
+      }
+      const RangeSink sink{.grads = grads.data(), .sync = last_pass ? sync : nullptr};
+      loss_sum += forward_backward(model, batch, 0, rows, workspace.stacked_targets, workspace, ctx,
+                                   sink, &stats.correct);
+      continue;
+    }
     for (int64_t piece = 0; piece < pieces; ++piece) {
       const bool last = last_pass && piece + 1 == pieces;
       RangeSink sink{.grads = grads.data(),
@@ -150,7 +182,7 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       // Each micro-shard's gradients go straight to where the exact sum keeps them.
       const int64_t shard = pass * pieces + piece;
       if (exact != nullptr) model.write_grads_to(last ? nullptr : exact->shard_buffer(shard));
-      loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, workspace, ctx,
+      loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, {}, workspace, ctx,
                                    sink, &stats.correct);
       if (!last && exact != nullptr) exact->kept_in_place();
     }

@@ -22,6 +22,7 @@
 #include <catch2/catch.hpp>
 
 #include "ringtrain/check.h"
+#include "ringtrain/context.h"
 #include "ringtrain/model.h"
 #include "ringtrain/ops.h"
 #include "ringtrain/train.h"
@@ -239,6 +240,106 @@ TEST_CASE("backward reports each layer's finished gradients as a growing prefix"
     CHECK(std::memcmp(with_callback.data(), model->grads().data(),
                       with_callback.size() * sizeof(float)) == 0);
   }
+}
+
+namespace {
+
+// Images and labels for `rows` rows, from `seed`.
+struct Rows {
+  Tensor images;
+  std::vector<int32_t> labels;
+  Rows(int64_t rows, uint64_t seed) : images(Shape{rows, 28, 28, 1}) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    for (int64_t i = 0; i < images.numel(); ++i) images.data()[i] = pixel(rng);
+    for (int64_t r = 0; r < rows; ++r) labels.push_back(static_cast<int32_t>(rng() % 10));
+  }
+};
+
+bool same_floats(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, size_of(n) * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+// The property --reproducible's stacked micro-shards rest on (Model::can_stack_micro_shards):
+// Eigen's GEMMs compute each row of a batch the same way for any multiple of 4 rows, so one
+// forward and backward over k stacked micro-shards gives each micro-shard's logits and
+// parameter gradients bit for bit as k separate passes do. It follows from Eigen's blocking
+// (see Dense::rows_independent), not from one machine's rounding, so it must hold on any CPU.
+TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit", "[model]") {
+  // As --reproducible runs: one thread (a threaded GEMM splits its work by the sizes) and the
+  // fixed cache sizes.
+  ringtrain::set_cpu_threads(1);
+  ringtrain::fix_cpu_gemm_blocking();
+  const std::vector<std::vector<int64_t>> shapes = {{500, 500}, {40, 24}, {1024, 300}};
+  for (const auto& hidden : shapes) {
+    for (const int64_t rows : {4, 8, 12, 16}) {
+      for (const int64_t shards : {1, 2, 3, 7}) {
+        INFO("hidden " << hidden[0] << "," << hidden[1] << ", " << shards << " micro-shards of "
+                       << rows << " rows");
+        auto model = make("mlp", hidden);
+        model->init_params(3);
+        Context ctx;
+        const bool stackable = model->can_stack_micro_shards(rows);
+        // 4 and 12 rows of 10 logits are 160 and 480 bytes: the second micro-shard would
+        // start off a 64-byte boundary. 8 and 16 rows of every width here are whole lines.
+        CHECK(stackable == (rows % 8 == 0));
+        if (!stackable) continue;
+        Rows data(rows * shards, 17 + static_cast<uint64_t>(rows));
+        const int64_t n = model->num_params();
+
+        // One micro-shard after another, each alone.
+        std::vector<std::vector<float>> alone(size_of(shards));
+        std::vector<float> alone_logits;
+        for (int64_t j = 0; j < shards; ++j) {
+          const Tensor images =
+              Tensor::view(data.images.data() + j * rows * 784, Shape{rows, 28, 28, 1});
+          const Tensor& logits = model->forward(images, ctx);
+          alone_logits.insert(alone_logits.end(), logits.data(), logits.data() + logits.numel());
+          Tensor dlogits(logits.shape());
+          ringtrain::softmax_xent(logits.data(), data.labels.data() + j * rows, dlogits.data(),
+                                  rows, 10, static_cast<int64_t*>(nullptr));
+          model->backward(dlogits, ctx);
+          alone[size_of(j)].assign(model->grads().data(), model->grads().data() + n);
+        }
+
+        // Stacked: one forward, the loss per micro-shard, one backward into k buffers.
+        const Tensor& logits = model->forward(data.images, ctx);
+        REQUIRE(same_floats(logits.data(), alone_logits.data(), logits.numel()));
+        Tensor dlogits(logits.shape());
+        for (int64_t j = 0; j < shards; ++j)
+          ringtrain::softmax_xent(logits.data() + j * rows * 10, data.labels.data() + j * rows,
+                                  dlogits.data() + j * rows * 10, rows, 10,
+                                  static_cast<int64_t*>(nullptr));
+        std::vector<Tensor> buffers;
+        std::vector<float*> targets;
+        for (int64_t j = 0; j + 1 < shards; ++j) {
+          buffers.emplace_back(Shape{n});
+          buffers.back().fill(std::numeric_limits<float>::quiet_NaN());
+          targets.push_back(buffers.back().data());
+        }
+        targets.push_back(nullptr);  // the last: the model's own buffer
+        model->grads().fill(std::numeric_limits<float>::quiet_NaN());
+        std::vector<GradRange> reported;
+        model->backward_micro_shards(dlogits, targets, ctx, [&](const GradRange& range) {
+          // Reported once every micro-shard's gradients of the range are written.
+          for (const Tensor& buffer : buffers)
+            CHECK(std::none_of(buffer.data() + range.begin, buffer.data() + range.end,
+                               [](float g) { return std::isnan(g); }));
+          reported.push_back(range);
+        });
+        for (int64_t j = 0; j < shards; ++j) {
+          const float* got = j + 1 < shards ? buffers[size_of(j)].data() : model->grads().data();
+          CHECK(same_floats(got, alone[size_of(j)].data(), n));
+        }
+        CHECK(reported.size() == model->grad_ranges().size());
+      }
+    }
+  }
+  // Convolutions are not stacked, nor are rows that are not a multiple of 4.
+  CHECK_FALSE(make("cnn")->can_stack_micro_shards(8));
+  CHECK_FALSE(make("mlp")->can_stack_micro_shards(6));
 }
 
 TEST_CASE("the mlp's gradient buffer is the per-layer math, concatenated in layout order",

@@ -61,14 +61,16 @@ void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
 std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segments);
 
 // The micro-shard gradients of one step, averaged exactly over the job. A rank computes its
-// micro-shards one after another, micro-shard j into shard_buffer(j) (the kept buffers, then
-// the model's gradient buffer for the last; Model::write_grads_to points backward there),
-// calling kept_in_place() after each but the last; or all into the model's buffer, calling
-// keep(), which copies each finished one aside. average() then replaces [begin, end) of the
-// model's buffer by the average over every micro-shard of the job. The GradSync engine calls
-// average() for each bucket through make_exact_allreduce, while backward of the last
-// micro-shard runs (overlap) or after it; buckets never split a segment, so the scales, and
-// so the bits, do not depend on the bucketing either.
+// micro-shard j into shard_buffer(j) (the kept buffers, then the model's gradient buffer for
+// the last): one after another (Model::write_grads_to points backward there) or stacked
+// (Model::backward_micro_shards, every micro-shard of a layer before the next layer), calling
+// kept_in_place() for each but the last; or one after another into the model's buffer,
+// calling keep(), which copies each finished one aside. average() then replaces [begin, end)
+// of the model's buffer by the average over every micro-shard of the job; it reads the
+// segments of [begin, end) only, which must by then be final in every micro-shard. The
+// GradSync engine calls average() for each bucket through make_exact_allreduce, while
+// backward of the last micro-shard runs (overlap) or after it; buckets never split a segment,
+// so the scales, and so the bits, do not depend on the bucketing either.
 class ExactGradSum {
  public:
   // grads: the model's flat gradient buffer (host memory), segments: Model::grad_ranges().
@@ -80,13 +82,15 @@ class ExactGradSum {
   void begin_step();
   // The buffer holds a finished micro-shard's gradients that the next one will overwrite.
   void keep();
-  // Micro-shard `kept` (the count so far) was written into shard_buffer(kept) itself.
+  // Micro-shard `kept` (the count so far) is written into shard_buffer(kept) itself (by the
+  // time its segments are averaged).
   void kept_in_place();
   // Where micro-shard `shard` (0 .. local_micro_shards - 1) of this step is kept: its own
   // buffer, or, for the last, the model's gradient buffer.
   float* shard_buffer(int64_t shard);
   // Collective: [begin, end) must be a run of whole segments, the same on every rank, in the
-  // same order, once per step each, after keep() was called local_micro_shards - 1 times.
+  // same order, once per step each, after keep() or kept_in_place() was called
+  // local_micro_shards - 1 times.
   // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
   // The ring is ring_allreduce_exact: integers in the scatter-reduce, the averages' floats in
   // the allgather. Returns the bytes this rank sent (the bounds, counted as a ring allgather
@@ -145,10 +149,9 @@ class ExactGradSum {
   // of the default MLP): every micro-shard must be computed at the same alignment.
   std::vector<Tensor> kept_grads_;
   int64_t kept_ = 0;
-  int64_t averaged_ = 0;          // gradients averaged this step
-  std::vector<int> kept_bounds_;  // per segment, over the kept micro-shards
-  std::vector<int> bounds_;       // the job's, per segment of one agree() call,
-  size_t bounds_first_ = 0;       // from this segment on
+  int64_t averaged_ = 0;     // gradients averaged this step
+  std::vector<int> bounds_;  // the job's, per segment of one agree() call,
+  size_t bounds_first_ = 0;  // from this segment on
   // This rank's integer sums of its micro-shards (local_sums), or the ring's partial sums.
   std::vector<int64_t> sums_;    // one per gradient
   std::vector<int> all_bounds_;  // every rank's

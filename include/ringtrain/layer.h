@@ -65,6 +65,12 @@ class Layer {
   // A layer may turn dx into a view (Flatten does) instead of writing into it.
   virtual void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
                               Context& ctx) = 0;
+  // Whether, on the CPU, forward and backward_input compute each row of their result from the
+  // same row of their inputs alone, with arithmetic that does not depend on how many rows
+  // the batch has (for row counts that are multiples of 4), and backward_params is correct on
+  // any block of rows. Model::backward_micro_shards relies on it: micro-shards stacked into
+  // one batch then get the bits each would get alone.
+  virtual bool rows_independent() const { return false; }
 };
 
 // Whether `layer` runs this call on the GPU (ctx.device == kCuda), after checking that its

@@ -67,6 +67,19 @@ class Model {
   // for each layer that has parameters, in backward order, as soon as that layer's parameter
   // gradients are written and before its input gradient is computed.
   void backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready = {});
+  // Whether micro-shards of `rows` rows each may be stacked into one forward and one
+  // backward_micro_shards with the bits each would get alone: a host model whose every layer
+  // is rows_independent, rows a multiple of 4, and each micro-shard's rows starting 64-byte
+  // aligned in every activation (the alignment of a micro-shard on its own).
+  bool can_stack_micro_shards(int64_t rows) const;
+  // backward after a forward over targets.size() micro-shards of equal rows, stacked:
+  // micro-shard j's parameter gradients go to targets[j] (a buffer laid out as grads();
+  // nullptr: grads()), bit for bit what backward on it alone would write; each layer's
+  // micro-shards are computed one after another, the last one's reported through
+  // on_grad_ready, so a range is reported when every micro-shard's gradients of it are
+  // written. The input gradients are computed for the stacked batch at once.
+  void backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets, Context& ctx,
+                             const GradReadyFn& on_grad_ready = {});
   // Every later backward tells `observer` (null: no one) about each layer it runs.
   void set_backward_observer(BackwardObserver* observer) { observer_ = observer; }
 
@@ -115,6 +128,12 @@ class Model {
   std::vector<Tensor> dacts_;  // dacts_[i] is d loss / d acts_[i]
   int first_with_params_ = 0;  // backward stops here: no layer before it needs a gradient
   BackwardObserver* observer_ = nullptr;
+  float* grads_target_ = nullptr;  // write_grads_to's buffer; null: grads_
+  // Binds layer `layer`'s gradient views to the same offsets in `base`.
+  void bind_layer_grads(int layer, float* base);
+  // Layer `layer`'s backward_params on (x, y, dy), its pieces reported through on_grad_ready.
+  void layer_param_grads(int layer, const Tensor& x, const Tensor& y, const Tensor& dy,
+                         Context& ctx, const GradReadyFn& on_grad_ready);
   bool finalized_ = false;
   Device device_ = Device::kCpu;
 };

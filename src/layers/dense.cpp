@@ -71,6 +71,13 @@ class Dense final : public Layer {
     RINGTRAIN_CHECK(in > 0 && out > 0, "dense layer needs positive sizes, got {}->{}", in, out);
   }
   std::string name() const override { return fmt::format("dense({}->{})", in_, out_); }
+  // y = x w and dx = dy w^T are Eigen GEMMs whose columns, in Eigen's column-major view
+  // (y^T = w^T x^T), are the batch's rows: Eigen 3.4 blocks the depth (kc) from the depth and
+  // the cache sizes alone, cuts the rows of w^T into blocks that are multiples of the kernel's
+  // row panel, and runs every full 4-column panel through the same micro-kernel, so a row's
+  // sums are the same for any batch of a multiple of 4 rows (tests/test_layers.cpp checks it
+  // for the model's shapes). dw and db sum over the rows: they are computed per micro-shard.
+  bool rows_independent() const override { return true; }
   Shape output_shape(const Shape& input) const override {
     RINGTRAIN_CHECK(input.numel() == in_, "{} got a sample of shape {} ({} values)", name(),
                     input.str(), input.numel());
