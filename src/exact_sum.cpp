@@ -125,6 +125,8 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   sums_.assign(static_cast<size_t>(total), 0);
   bounds_.reserve(segments_.size());
   all_bounds_.reserve(segments_.size() * static_cast<size_t>(comm.size()));
+  shard_bounds_.assign(segments_.size() * static_cast<size_t>(local_micro_shards), kAllZeroBound);
+  shard_bound_known_.assign(shard_bounds_.size(), 0);
   reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
 }
 
@@ -150,7 +152,26 @@ void ExactGradSum::kept_in_place() {
   ++kept_;
 }
 
+void ExactGradSum::note_written(int64_t shard, int64_t begin, int64_t end) {
+  RINGTRAIN_CHECK(0 <= shard && shard < local_micro_shards_ && 0 <= begin && begin <= end &&
+                      end <= static_cast<int64_t>(sums_.size()),
+                  "note_written of micro-shard {} of {}, [{}, {})", shard, local_micro_shards_,
+                  begin, end);
+  const float* base = shard_buffer(shard);
+  auto it =
+      std::lower_bound(segments_.begin(), segments_.end(), begin,
+                       [](const GradRange& segment, int64_t at) { return segment.begin < at; });
+  for (; it != segments_.end() && it->end <= end; ++it) {
+    const auto at =
+        static_cast<size_t>(shard) * segments_.size() + static_cast<size_t>(it - segments_.begin());
+    shard_bounds_[at] =
+        exponent_bound({base + it->begin, static_cast<size_t>(it->end - it->begin)});
+    shard_bound_known_[at] = 1;
+  }
+}
+
 void ExactGradSum::begin_step() {
+  std::fill(shard_bound_known_.begin(), shard_bound_known_.end(), 0);
   kept_ = 0;
   averaged_ = 0;
 }
@@ -177,8 +198,12 @@ int64_t ExactGradSum::agree(size_t first, size_t count) {
   // final in every one of them (stacked micro-shards finish a layer's together).
   for (size_t s = 0; s < count; ++s) {
     bounds_[s] = kAllZeroBound;
-    for (int64_t shard = 0; shard < local_micro_shards_; ++shard)
-      bounds_[s] = std::max(bounds_[s], exponent_bound(values(shard, segments_[first + s])));
+    for (int64_t shard = 0; shard < local_micro_shards_; ++shard) {
+      const size_t at = static_cast<size_t>(shard) * segments_.size() + first + s;
+      bounds_[s] = std::max(bounds_[s], shard_bound_known_[at] != 0
+                                            ? shard_bounds_[at]
+                                            : exponent_bound(values(shard, segments_[first + s])));
+    }
   }
   all_bounds_.resize(count * static_cast<size_t>(comm_.size()));
   comm_.allgather(bounds_.data(), all_bounds_.data(), count * sizeof(int));

@@ -219,7 +219,8 @@ Tensor row_block(const Tensor& batch, int64_t shard, int64_t rows) {
 }  // namespace
 
 void Model::backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets,
-                                  Context& ctx, const GradReadyFn& on_grad_ready) {
+                                  Context& ctx, const GradReadyFn& on_grad_ready,
+                                  const ShardGradFn& on_shard_written) {
   RINGTRAIN_CHECK(dlogits.shape() == acts_.back().shape(),
                   "backward_micro_shards() got dlogits {} for logits {}", dlogits.shape().str(),
                   acts_.back().shape().str());
@@ -244,6 +245,9 @@ void Model::backward_micro_shards(const Tensor& dlogits, std::span<float* const>
         layer_param_grads(
             i, row_block(acts_[index], shard, rows), row_block(acts_[index + 1], shard, rows),
             row_block(dacts_[index + 1], shard, rows), ctx, last ? on_grad_ready : kUnreported);
+        if (!last && on_shard_written)
+          on_shard_written(shard,
+                           GradRange{i, layer_ranges_[index].first, layer_ranges_[index].second});
       }
       bind_layer_grads(i, grads_.data());
     }

@@ -60,7 +60,8 @@ struct RangeSink {
 // *correct and returns the sum of the micro-shards' mean losses (the mean loss without).
 double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t rows,
                         std::span<float* const> stacked, StepWorkspace& workspace, Context& ctx,
-                        const RangeSink& sink, int64_t* correct) {
+                        const RangeSink& sink, int64_t* correct,
+                        const ShardGradFn& on_shard_written = {}) {
   ProgressBoard* const board = workspace.board;
   const Shape sample = batch.images.shape().without_leading();
   // A view: forward only reads its input.
@@ -93,7 +94,7 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
     };
   }
   if (!stacked.empty()) {
-    model.backward_micro_shards(workspace.dlogits, stacked, ctx, on_ready);
+    model.backward_micro_shards(workspace.dlogits, stacked, ctx, on_ready, on_shard_written);
   } else {
     model.backward(workspace.dlogits, ctx, on_ready);
   }
@@ -166,8 +167,12 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
         if (!last) exact->kept_in_place();
       }
       const RangeSink sink{.grads = grads.data(), .sync = last_pass ? sync : nullptr};
-      loss_sum += forward_backward(model, batch, 0, rows, workspace.stacked_targets, workspace, ctx,
-                                   sink, &stats.correct);
+      const int64_t first_shard = pass * pieces;
+      loss_sum += forward_backward(
+          model, batch, 0, rows, workspace.stacked_targets, workspace, ctx, sink, &stats.correct,
+          [exact, first_shard](int64_t shard, const GradRange& range) {
+            exact->note_written(first_shard + shard, range.begin, range.end);
+          });
       continue;
     }
     for (int64_t piece = 0; piece < pieces; ++piece) {
@@ -184,7 +189,10 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       if (exact != nullptr) model.write_grads_to(last ? nullptr : exact->shard_buffer(shard));
       loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, {}, workspace, ctx,
                                    sink, &stats.correct);
-      if (!last && exact != nullptr) exact->kept_in_place();
+      if (!last && exact != nullptr) {
+        exact->kept_in_place();
+        exact->note_written(shard, 0, grads.numel());  // its bounds while it is in cache
+      }
     }
   }
   if (exact != nullptr && !workspace.exact_sum_by_caller) exact->finish_step();

@@ -85,6 +85,10 @@ class ExactGradSum {
   // Micro-shard `kept` (the count so far) is written into shard_buffer(kept) itself (by the
   // time its segments are averaged).
   void kept_in_place();
+  // Micro-shard `shard`'s gradients [begin, end) are final this step: the bounds of the
+  // segments inside the range are read now, while the values are in cache, instead of when
+  // the segments are averaged. Optional; the bits are the same either way.
+  void note_written(int64_t shard, int64_t begin, int64_t end);
   // Where micro-shard `shard` (0 .. local_micro_shards - 1) of this step is kept: its own
   // buffer, or, for the last, the model's gradient buffer.
   float* shard_buffer(int64_t shard);
@@ -155,6 +159,9 @@ class ExactGradSum {
   // This rank's integer sums of its micro-shards (local_sums), or the ring's partial sums.
   std::vector<int64_t> sums_;    // one per gradient
   std::vector<int> all_bounds_;  // every rank's
+  // [shard][segment]: bounds read by note_written this step, and whether they were.
+  std::vector<int> shard_bounds_;
+  std::vector<uint8_t> shard_bound_known_;
   RingScratch scratch_;
 };
 

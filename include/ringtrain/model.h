@@ -35,6 +35,8 @@ struct GradRange {
   int64_t end = 0;
 };
 using GradReadyFn = std::function<void(const GradRange&)>;
+// Micro-shard `shard`'s gradients of `range` (a whole layer's) are written into its buffer.
+using ShardGradFn = std::function<void(int64_t shard, const GradRange& range)>;
 
 // Told as each layer's backward begins and ends (the --timeline's per-layer spans). The model
 // knows nothing of what the observer does with it.
@@ -70,16 +72,19 @@ class Model {
   // Whether micro-shards of `rows` rows each may be stacked into one forward and one
   // backward_micro_shards with the bits each would get alone: a host model whose every layer
   // is rows_independent, rows a multiple of 4, and each micro-shard's rows starting 64-byte
-  // aligned in every activation (the alignment of a micro-shard on its own).
+  // aligned in every activation (the alignment of a micro-shard on its own). The caller runs
+  // Eigen on one thread: a threaded GEMM splits its work by the sizes.
   bool can_stack_micro_shards(int64_t rows) const;
   // backward after a forward over targets.size() micro-shards of equal rows, stacked:
   // micro-shard j's parameter gradients go to targets[j] (a buffer laid out as grads();
   // nullptr: grads()), bit for bit what backward on it alone would write; each layer's
   // micro-shards are computed one after another, the last one's reported through
   // on_grad_ready, so a range is reported when every micro-shard's gradients of it are
-  // written. The input gradients are computed for the stacked batch at once.
+  // written; the others' are told to on_shard_written as each layer's are written. The input
+  // gradients are computed for the stacked batch at once.
   void backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets, Context& ctx,
-                             const GradReadyFn& on_grad_ready = {});
+                             const GradReadyFn& on_grad_ready = {},
+                             const ShardGradFn& on_shard_written = {});
   // Every later backward tells `observer` (null: no one) about each layer it runs.
   void set_backward_observer(BackwardObserver* observer) { observer_ = observer; }
 
