@@ -5,7 +5,7 @@
 # mode, and the bytes each rank sends per step for the gradients (the summary's
 # wire_bytes_per_step, what the ring counted: 2 (N-1)/N of the buffer at 4 bytes an element in
 # the default mode; under --reproducible 8 bytes in the scatter-reduce and 4 in the allgather,
-# plus one int per gradient segment and rank for the scales).
+# plus N-1 ints per gradient segment for the scales, counted as a ring allgather sends them).
 #
 # Usage: scripts/bench_reproducible.sh BUILD_DIR
 #   REPS=3   runs per mode and model

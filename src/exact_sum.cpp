@@ -130,14 +130,6 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
 }
 
-void ExactGradSum::keep() {
-  RINGTRAIN_CHECK(kept_ + 1 < local_micro_shards_,
-                  "keep() called for micro-shard {} of {}: the last one stays in the buffer",
-                  kept_ + 1, local_micro_shards_);
-  std::memcpy(kept_grads_[static_cast<size_t>(kept_)].data(), grads_, sums_.size() * sizeof(float));
-  ++kept_;
-}
-
 float* ExactGradSum::shard_buffer(int64_t shard) {
   RINGTRAIN_CHECK(0 <= shard && shard < local_micro_shards_, "micro-shard {} of {}", shard,
                   local_micro_shards_);
@@ -153,9 +145,11 @@ void ExactGradSum::kept_in_place() {
 }
 
 void ExactGradSum::note_written(int64_t shard, int64_t begin, int64_t end) {
-  RINGTRAIN_CHECK(0 <= shard && shard < local_micro_shards_ && 0 <= begin && begin <= end &&
+  // The last micro-shard lives in the model's buffer, which average() overwrites: its bounds
+  // are read when its segments are averaged.
+  RINGTRAIN_CHECK(0 <= shard && shard + 1 < local_micro_shards_ && 0 <= begin && begin <= end &&
                       end <= static_cast<int64_t>(sums_.size()),
-                  "note_written of micro-shard {} of {}, [{}, {})", shard, local_micro_shards_,
+                  "note_written of kept micro-shard {} of {}, [{}, {})", shard, local_micro_shards_,
                   begin, end);
   const float* base = shard_buffer(shard);
   auto it =

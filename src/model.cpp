@@ -202,7 +202,7 @@ bool Model::can_stack_micro_shards(int64_t rows) const {
   Shape shape = input_;
   if (!aligned(shape.numel())) return false;
   for (const auto& layer : layers_) {
-    if (!layer->rows_independent()) return false;
+    if (!layer->rows_independent(rows)) return false;
     shape = layer->output_shape(shape);
     if (!aligned(shape.numel())) return false;
   }
@@ -245,7 +245,7 @@ void Model::backward_micro_shards(const Tensor& dlogits, std::span<float* const>
         layer_param_grads(
             i, row_block(acts_[index], shard, rows), row_block(acts_[index + 1], shard, rows),
             row_block(dacts_[index + 1], shard, rows), ctx, last ? on_grad_ready : kUnreported);
-        if (!last && on_shard_written)
+        if (target != nullptr && on_shard_written)
           on_shard_written(shard,
                            GradRange{i, layer_ranges_[index].first, layer_ranges_[index].second});
       }

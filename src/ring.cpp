@@ -32,9 +32,11 @@
 // so the reduction reads the incoming data from cache, not memory. The allgather receives
 // straight into place.
 //
-// What travels is a codec's choice (DirectWire, SixteenBitWire below): the buffer's own
-// elements, or, for --grad-wire, each float32 partial sum rounded to 16 bits as it is sent and
-// added back into float32 as it lands (ring_allreduce_wire; docs/ring.md).
+// What travels is a codec's choice (DirectWire, SixteenBitWire, ExactWire below): the buffer's
+// own elements; for --grad-wire, each float32 partial sum rounded to 16 bits as it is sent and
+// added back into float32 as it lands (ring_allreduce_wire; docs/ring.md); for --reproducible,
+// int64 fixed-point terms in the scatter-reduce, 2 floats each, so a segment of
+// segment_elements integers is twice a float segment's bytes (ring_allreduce_exact).
 #include "ringtrain/ring.h"
 
 #include <algorithm>

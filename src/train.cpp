@@ -159,6 +159,7 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       // the bits of one after another (Model::can_stack_micro_shards; on one thread, as a
       // threaded GEMM splits its work by the sizes), and the weights packed for the GEMMs
       // once instead of once per micro-shard.
+      model.write_grads_to(nullptr);  // an earlier pass's micro-shards may have redirected it
       workspace.stacked_targets.resize(static_cast<size_t>(pieces));
       for (int64_t piece = 0; piece < pieces; ++piece) {
         const bool last = last_pass && piece + 1 == pieces;

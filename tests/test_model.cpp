@@ -272,7 +272,8 @@ TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit
   // fixed cache sizes.
   ringtrain::set_cpu_threads(1);
   ringtrain::fix_cpu_gemm_blocking();
-  const std::vector<std::vector<int64_t>> shapes = {{500, 500}, {40, 24}, {1024, 300}};
+  // {4, 8}: the 4->8 layer of 8 rows is just at Eigen's GEMM threshold (the sizes add up to 20).
+  const std::vector<std::vector<int64_t>> shapes = {{500, 500}, {40, 24}, {1024, 300}, {4, 8}};
   for (const auto& hidden : shapes) {
     for (const int64_t rows : {4, 8, 12, 16}) {
       for (const int64_t shards : {1, 2, 3, 7}) {
@@ -337,9 +338,14 @@ TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit
       }
     }
   }
-  // Convolutions are not stacked, nor are rows that are not a multiple of 4.
+  // Convolutions are not stacked, nor are rows that are not a multiple of 4, nor products that
+  // Eigen computes outside its GEMM: sizes adding up to less than 20 (2->2 on 8 rows), a
+  // single output column (a layer of width 1).
   CHECK_FALSE(make("cnn")->can_stack_micro_shards(8));
   CHECK_FALSE(make("mlp")->can_stack_micro_shards(6));
+  CHECK_FALSE(make("mlp", {2, 2})->can_stack_micro_shards(8));
+  CHECK(make("mlp", {2, 2})->can_stack_micro_shards(16));
+  CHECK_FALSE(make("mlp", {16, 1})->can_stack_micro_shards(16));
 }
 
 TEST_CASE("the mlp's gradient buffer is the per-layer math, concatenated in layout order",

@@ -64,8 +64,7 @@ std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segme
 // micro-shard j into shard_buffer(j) (the kept buffers, then the model's gradient buffer for
 // the last): one after another (Model::write_grads_to points backward there) or stacked
 // (Model::backward_micro_shards, every micro-shard of a layer before the next layer), calling
-// kept_in_place() for each but the last; or one after another into the model's buffer,
-// calling keep(), which copies each finished one aside. average() then replaces [begin, end)
+// kept_in_place() for each but the last. average() then replaces [begin, end)
 // of the model's buffer by the average over every micro-shard of the job; it reads the
 // segments of [begin, end) only, which must by then be final in every micro-shard. The
 // GradSync engine calls average() for each bucket through make_exact_allreduce, while
@@ -80,12 +79,10 @@ class ExactGradSum {
                int64_t local_micro_shards, const RingOptions& ring = {});
 
   void begin_step();
-  // The buffer holds a finished micro-shard's gradients that the next one will overwrite.
-  void keep();
   // Micro-shard `kept` (the count so far) is written into shard_buffer(kept) itself (by the
   // time its segments are averaged).
   void kept_in_place();
-  // Micro-shard `shard`'s gradients [begin, end) are final this step: the bounds of the
+  // Kept micro-shard `shard`'s gradients [begin, end) are final this step: the bounds of the
   // segments inside the range are read now, while the values are in cache, instead of when
   // the segments are averaged. Optional; the bits are the same either way.
   void note_written(int64_t shard, int64_t begin, int64_t end);
@@ -93,8 +90,8 @@ class ExactGradSum {
   // buffer, or, for the last, the model's gradient buffer.
   float* shard_buffer(int64_t shard);
   // Collective: [begin, end) must be a run of whole segments, the same on every rank, in the
-  // same order, once per step each, after keep() or kept_in_place() was called
-  // local_micro_shards - 1 times.
+  // same order, once per step each, after kept_in_place() was called local_micro_shards - 1
+  // times.
   // A segment with a NaN or an infinity anywhere in the job averages to NaN everywhere.
   // The ring is ring_allreduce_exact: integers in the scatter-reduce, the averages' floats in
   // the allgather. Returns the bytes this rank sent (the bounds, counted as a ring allgather
@@ -102,7 +99,7 @@ class ExactGradSum {
   int64_t average(int64_t begin, int64_t end);
 
   // The parameter servers' exact sum (--strategy ps): collective over comm (the workers), in
-  // place of average(), after keep() was called local_micro_shards - 1 times. Agrees every
+  // place of average(), after kept_in_place() was called local_micro_shards - 1 times. Agrees every
   // segment's scale with the other ranks and leaves in sums() this rank's fixed-point sum of
   // its micro-shards over the whole buffer; shifts[s] receives segment s's shift (segments()
   // order). A server adds the ranks' sums (integers: in any order) and converts back with
@@ -116,7 +113,7 @@ class ExactGradSum {
   // Throws unless this step's average() calls covered the whole buffer (a GradSync over
   // another Allreduce would leave all but the last micro-shard out, silently).
   void finish_step() const;
-  // The bytes of the kept copies: (local_micro_shards - 1) x the gradient buffer.
+  // The bytes of the kept buffers: (local_micro_shards - 1) x the gradient buffer.
   int64_t kept_bytes() const {
     return static_cast<int64_t>(kept_grads_.size() * sums_.size() * sizeof(float));
   }
@@ -127,7 +124,7 @@ class ExactGradSum {
   const float* grads() const { return grads_; }
 
  private:
-  // Micro-shard `shard` of this rank (the kept copies, then the buffer), one segment of it.
+  // Micro-shard `shard` of this rank (the kept buffers, then the model's), one segment of it.
   std::span<const float> values(int64_t shard, const GradRange& segment) const;
   // Collective: the job's bound of segments [first, first + count) into bounds_. Returns the
   // bytes this rank sent for it.

@@ -66,11 +66,14 @@ class Layer {
   virtual void backward_input(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
                               Context& ctx) = 0;
   // Whether, on the CPU, forward and backward_input compute each row of their result from the
-  // same row of their inputs alone, with arithmetic that does not depend on how many rows
-  // the batch has (for row counts that are multiples of 4), and backward_params is correct on
-  // any block of rows. Model::backward_micro_shards relies on it: micro-shards stacked into
+  // same row of their inputs alone, with arithmetic that is the same for a batch of `rows`
+  // rows as for any multiple of them (rows a multiple of 4), and backward_params is correct
+  // on any block of rows. Model::backward_micro_shards relies on it: micro-shards stacked into
   // one batch then get the bits each would get alone.
-  virtual bool rows_independent() const { return false; }
+  virtual bool rows_independent(int64_t rows) const {
+    (void)rows;
+    return false;
+  }
 };
 
 // Whether `layer` runs this call on the GPU (ctx.device == kCuda), after checking that its

@@ -80,7 +80,8 @@ class Model {
   // nullptr: grads()), bit for bit what backward on it alone would write; each layer's
   // micro-shards are computed one after another, the last one's reported through
   // on_grad_ready, so a range is reported when every micro-shard's gradients of it are
-  // written; the others' are told to on_shard_written as each layer's are written. The input
+  // written; each micro-shard with a target of its own is told to on_shard_written as each
+  // layer's gradients are written there. The input
   // gradients are computed for the stacked batch at once.
   void backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets, Context& ctx,
                              const GradReadyFn& on_grad_ready = {},

@@ -75,9 +75,14 @@ class Dense final : public Layer {
   // (y^T = w^T x^T), are the batch's rows: Eigen 3.4 blocks the depth (kc) from the depth and
   // the cache sizes alone, cuts the rows of w^T into blocks that are multiples of the kernel's
   // row panel, and runs every full 4-column panel through the same micro-kernel, so a row's
-  // sums are the same for any batch of a multiple of 4 rows (tests/test_layers.cpp checks it
-  // for the model's shapes). dw and db sum over the rows: they are computed per micro-shard.
-  bool rows_independent() const override { return true; }
+  // sums are the same for any batch of a multiple of 4 rows (tests/test_model.cpp checks it
+  // for several shapes). Not where Eigen leaves the GEMM: a product whose three sizes add up
+  // to less than 20 is computed coefficient by coefficient, and one with a single output
+  // column (in or out of 1) as a matrix-vector product. dw and db sum over the rows: they are
+  // computed per micro-shard.
+  bool rows_independent(int64_t rows) const override {
+    return in_ > 1 && out_ > 1 && rows + in_ + out_ >= 20;
+  }
   Shape output_shape(const Shape& input) const override {
     RINGTRAIN_CHECK(input.numel() == in_, "{} got a sample of shape {} ({} values)", name(),
                     input.str(), input.numel());

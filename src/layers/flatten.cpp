@@ -9,7 +9,7 @@ namespace {
 class Flatten final : public Layer {
  public:
   std::string name() const override { return "flatten"; }
-  bool rows_independent() const override { return true; }  // a view
+  bool rows_independent(int64_t) const override { return true; }  // a view
   Shape output_shape(const Shape& input) const override { return Shape{input.numel()}; }
   void forward(const Tensor& x, Tensor& y, Context&) override {
     const int64_t batch = x.dim(0);

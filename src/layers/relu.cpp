@@ -27,7 +27,7 @@ namespace {
 class Relu final : public Layer {
  public:
   std::string name() const override { return "relu"; }
-  bool rows_independent() const override { return true; }  // elementwise
+  bool rows_independent(int64_t) const override { return true; }  // elementwise
   Shape output_shape(const Shape& input) const override { return input; }
   void forward(const Tensor& x, Tensor& y, Context& ctx) override {
     y.resize(x.shape());
