@@ -127,7 +127,8 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   all_bounds_.reserve(segments_.size() * static_cast<size_t>(comm.size()));
   shard_bounds_.assign(segments_.size() * static_cast<size_t>(local_micro_shards), kAllZeroBound);
   shard_bound_known_.assign(shard_bounds_.size(), 0);
-  reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
+  // One rank moves nothing: its ring only converts (ring_allreduce_exact).
+  if (comm.size() > 1) reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
 }
 
 float* ExactGradSum::shard_buffer(int64_t shard) {
