@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ringtrain/check.h"
+#include "ringtrain/dense_terms.h"
 #include "ringtrain/progress_board.h"
 
 namespace ringtrain {
@@ -27,12 +28,7 @@ int exponent_bound(std::span<const float> values) {
 
 namespace {
 
-// Doubles in [2^52, 2^53) are spaced exactly 1 apart, so adding 1.5 * 2^52 to an x with
-// |x| <= 2^50 rounds x to an integer (in the current mode: to nearest even) and leaves that
-// integer in the low mantissa bits; and the reverse turns such an integer back into a double
-// exactly. Unlike llrint and int64-to-double conversions, this vectorises on every x86-64
-// (AVX2 has no packed double/int64 conversion).
-constexpr double kRoundingMagic = 0x1.8p52;
+constexpr double kRoundingMagic = 0x1.8p52;  // see fixed_point_term
 constexpr int kTermBits = 50;  // |term| and |sum| stay within 2^50: the trick's exact range
 
 }  // namespace
@@ -59,12 +55,10 @@ void to_fixed_point(std::span<const float> values, int shift, std::span<int64_t>
   // 2^shift is a double for every shift a float segment gives, and a float times a power of
   // two is exact in double: the only rounding is the magic addition's, to nearest even.
   const double scale = std::ldexp(1.0, shift);
-  const int64_t magic_bits = std::bit_cast<int64_t>(kRoundingMagic);
   const float* __restrict in = values.data();
   int64_t* __restrict out = sums.data();
   for (size_t i = 0; i < values.size(); ++i) {
-    const double rounded = static_cast<double>(in[i]) * scale + kRoundingMagic;
-    const int64_t term = std::bit_cast<int64_t>(rounded) - magic_bits;
+    const int64_t term = fixed_point_term(in[i], scale);
     if constexpr (into == Into::kAdd) {
       out[i] += term;
     } else {
@@ -103,12 +97,13 @@ std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segme
 
 ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments,
                            int64_t micro_shards, int64_t local_micro_shards,
-                           const RingOptions& ring)
+                           const RingOptions& ring, std::unique_ptr<DenseShardTerms> dense)
     : comm_(comm),
       grads_(grads),
       micro_shards_(micro_shards),
       local_micro_shards_(local_micro_shards),
-      ring_(ring) {
+      ring_(ring),
+      dense_(std::move(dense)) {
   RINGTRAIN_CHECK(local_micro_shards >= 1 && micro_shards == local_micro_shards * comm.size(),
                   "{} micro-shards cannot be shared as {} on each of {} ranks", micro_shards,
                   local_micro_shards, comm.size());
@@ -120,8 +115,14 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
                     segment.end, total);
     total = segment.end;
   }
-  kept_grads_.reserve(static_cast<size_t>(local_micro_shards - 1));
-  for (int64_t k = 0; k + 1 < local_micro_shards; ++k) kept_grads_.emplace_back(Shape{total});
+  RINGTRAIN_CHECK(dense_ == nullptr || dense_->local_micro_shards() == local_micro_shards,
+                  "dense terms of {} micro-shards for a rank of {}",
+                  dense_ != nullptr ? dense_->local_micro_shards() : 0, local_micro_shards);
+  if (dense_ != nullptr) block_sums_.resize(static_cast<size_t>(dense_->largest_block()));
+  if (dense_ == nullptr) {
+    kept_grads_.reserve(static_cast<size_t>(local_micro_shards - 1));
+    for (int64_t k = 0; k + 1 < local_micro_shards; ++k) kept_grads_.emplace_back(Shape{total});
+  }
   sums_.assign(static_cast<size_t>(total), 0);
   bounds_.reserve(segments_.size());
   all_bounds_.reserve(segments_.size() * static_cast<size_t>(comm.size()));
@@ -131,14 +132,23 @@ ExactGradSum::ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> 
   if (comm.size() > 1) reserve_ring_exact(scratch_, static_cast<size_t>(total), comm.size(), ring_);
 }
 
+ExactGradSum::~ExactGradSum() = default;
+
+int64_t ExactGradSum::kept_bytes() const {
+  return dense_ != nullptr
+             ? dense_->kept_bytes()
+             : static_cast<int64_t>(kept_grads_.size() * sums_.size() * sizeof(float));
+}
+
 float* ExactGradSum::shard_buffer(int64_t shard) {
-  RINGTRAIN_CHECK(0 <= shard && shard < local_micro_shards_, "micro-shard {} of {}", shard,
-                  local_micro_shards_);
+  RINGTRAIN_CHECK(dense_ == nullptr && 0 <= shard && shard < local_micro_shards_,
+                  "micro-shard {} of {}{}", shard, local_micro_shards_,
+                  dense_ != nullptr ? ": the dense layers' rows are kept instead" : "");
   return shard + 1 < local_micro_shards_ ? kept_grads_[static_cast<size_t>(shard)].data() : grads_;
 }
 
 void ExactGradSum::kept_in_place() {
-  RINGTRAIN_CHECK(kept_ + 1 < local_micro_shards_,
+  RINGTRAIN_CHECK(dense_ == nullptr && kept_ + 1 < local_micro_shards_,
                   "kept_in_place() called for micro-shard {} of {}: the last one stays in the "
                   "buffer",
                   kept_ + 1, local_micro_shards_);
@@ -148,7 +158,8 @@ void ExactGradSum::kept_in_place() {
 void ExactGradSum::note_written(int64_t shard, int64_t begin, int64_t end) {
   // The last micro-shard lives in the model's buffer, which average() overwrites: its bounds
   // are read when its segments are averaged.
-  RINGTRAIN_CHECK(0 <= shard && shard + 1 < local_micro_shards_ && 0 <= begin && begin <= end &&
+  RINGTRAIN_CHECK(dense_ == nullptr && 0 <= shard && shard + 1 < local_micro_shards_ &&
+                      0 <= begin && begin <= end &&
                       end <= static_cast<int64_t>(sums_.size()),
                   "note_written of kept micro-shard {} of {}, [{}, {})", shard, local_micro_shards_,
                   begin, end);
@@ -184,14 +195,18 @@ std::span<const float> ExactGradSum::values(int64_t shard, const GradRange& segm
 }
 
 int64_t ExactGradSum::agree(size_t first, size_t count) {
-  RINGTRAIN_CHECK(kept_ + 1 == local_micro_shards_,
+  RINGTRAIN_CHECK(dense_ != nullptr || kept_ + 1 == local_micro_shards_,
                   "averaging with {} micro-shard(s) kept; this rank computes {}", kept_,
                   local_micro_shards_);
   bounds_first_ = first;
   bounds_.resize(count);
   // This rank's bound of each segment, over its micro-shards: read here, when the segment is
-  // final in every one of them (stacked micro-shards finish a layer's together).
+  // final in every one of them.
   for (size_t s = 0; s < count; ++s) {
+    if (dense_ != nullptr) {
+      bounds_[s] = dense_->bound(segments_[first + s].begin, segments_[first + s].end);
+      continue;
+    }
     bounds_[s] = kAllZeroBound;
     for (int64_t shard = 0; shard < local_micro_shards_; ++shard) {
       const size_t at = static_cast<size_t>(shard) * segments_.size() + first + s;
@@ -222,6 +237,10 @@ void ExactGradSum::fixed_point_terms(size_t segment, int64_t at, size_t n, const
     return;
   }
   const int shift = fixed_point_shift(bound, micro_shards_);
+  if (dense_ != nullptr) {
+    dense_->terms(at, n, shift, received, out);
+    return;
+  }
   const int layer = segments_[segment].layer;
   // Block by block, every micro-shard into the block's sums: the sums stay in the L1 cache
   // instead of streaming through memory once per micro-shard.
@@ -250,6 +269,20 @@ void ExactGradSum::finish_terms(size_t segment, int64_t at, size_t n, const int6
     return;
   }
   const int shift = fixed_point_shift(bound, micro_shards_);
+  if (dense_ != nullptr) {
+    // Blocks of whole rows of the layer's weights, which the kernel computes in whole tiles,
+    // in cache between the terms and their conversion.
+    const int64_t end = at + static_cast<int64_t>(n);
+    for (int64_t from = at; from < end;) {
+      const int64_t to = dense_->block_end(from, end);
+      const auto size = static_cast<size_t>(to - from), offset = static_cast<size_t>(from - at);
+      dense_->terms(from, size, shift, received != nullptr ? received + offset : nullptr,
+                    block_sums_.data());
+      from_fixed_point({block_sums_.data(), size}, shift, micro_shards_, {result + offset, size});
+      from = to;
+    }
+    return;
+  }
   constexpr size_t kBlock = 2048;
   int64_t sums[kBlock];  // in the L1 cache between the terms and their conversion
   for (size_t done = 0; done < n; done += kBlock) {

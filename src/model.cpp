@@ -209,48 +209,17 @@ bool Model::can_stack_micro_shards(int64_t rows) const {
   return true;
 }
 
-namespace {
-// Rows [shard * rows, (shard + 1) * rows) of a batch tensor, as a view.
-Tensor row_block(const Tensor& batch, int64_t shard, int64_t rows) {
-  const Shape sample = batch.shape().without_leading();
-  return Tensor::view(const_cast<float*>(batch.data()) + shard * rows * sample.numel(),
-                      sample.with_leading(rows), batch.device());
-}
-}  // namespace
-
-void Model::backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets,
-                                  Context& ctx, const GradReadyFn& on_grad_ready,
-                                  const ShardGradFn& on_shard_written) {
+void Model::backward_inputs(const Tensor& dlogits, Context& ctx, const LayerRowsFn& on_layer) {
   RINGTRAIN_CHECK(dlogits.shape() == acts_.back().shape(),
-                  "backward_micro_shards() got dlogits {} for logits {}", dlogits.shape().str(),
+                  "backward_inputs() got dlogits {} for logits {}", dlogits.shape().str(),
                   acts_.back().shape().str());
-  const auto shards = static_cast<int64_t>(targets.size());
-  RINGTRAIN_CHECK(shards >= 1 && dlogits.dim(0) % shards == 0 &&
-                      can_stack_micro_shards(dlogits.dim(0) / shards) && grads_target_ == nullptr,
-                  "backward_micro_shards: {} rows cannot be {} stacked micro-shards of this model "
-                  "(or write_grads_to redirects the gradients)",
-                  dlogits.dim(0), shards);
-  const int64_t rows = dlogits.dim(0) / shards;
   dacts_.back() = dlogits;
   for (int i = num_layers() - 1; i >= first_with_params_; --i) {
     const auto index = static_cast<size_t>(i);
     Layer& layer = *layers_[index];
     if (observer_ != nullptr) observer_->layer_begin(i);
-    if (layer_ranges_[index].second > layer_ranges_[index].first) {
-      for (int64_t shard = 0; shard < shards; ++shard) {
-        float* const target = targets[static_cast<size_t>(shard)];
-        bind_layer_grads(i, target != nullptr ? target : grads_.data());
-        const bool last = shard + 1 == shards;
-        static const GradReadyFn kUnreported;
-        layer_param_grads(
-            i, row_block(acts_[index], shard, rows), row_block(acts_[index + 1], shard, rows),
-            row_block(dacts_[index + 1], shard, rows), ctx, last ? on_grad_ready : kUnreported);
-        if (target != nullptr && on_shard_written)
-          on_shard_written(shard,
-                           GradRange{i, layer_ranges_[index].first, layer_ranges_[index].second});
-      }
-      bind_layer_grads(i, grads_.data());
-    }
+    if (layer_ranges_[index].second > layer_ranges_[index].first)
+      on_layer(i, acts_[index], dacts_[index + 1]);
     if (i > first_with_params_) {
       layer.backward_input(acts_[index], acts_[index + 1], dacts_[index + 1], dacts_[index], ctx);
     }

@@ -12,6 +12,7 @@
 
 #include "ringtrain/check.h"
 #include "ringtrain/checkpoint.h"
+#include "ringtrain/dense_terms.h"
 #include "ringtrain/exact_sum.h"
 #include "ringtrain/ops.h"
 #include "ringtrain/progress_board.h"
@@ -53,15 +54,22 @@ struct RangeSink {
   }
 };
 
+// Where backward's results go, besides the sink's ranges: the model's gradient buffer (no
+// terms), or only each dense layer's rows, kept by the exact sum for micro-shards first_shard
+// on (DenseShardTerms), the layer's ranges then handed to the sink as final.
+struct DenseRows {
+  DenseShardTerms* terms = nullptr;
+  int64_t first_shard = 0;
+  std::span<const GradRange> ranges;  // Model::grad_ranges()
+};
+
 // Forward, the loss and backward on rows [first, first + rows) of the batch, each gradient
-// range handed to `sink` as backward finishes it. With `stacked` targets, the rows are
-// stacked micro-shards of equal rows, each with its own loss mean and its parameter
-// gradients written to its target (Model::backward_micro_shards). Adds the correct rows to
-// *correct and returns the sum of the micro-shards' mean losses (the mean loss without).
+// range handed to `sink` as backward finishes it. The rows are `shards` micro-shards of equal
+// rows, each with its own loss mean (stacked, with DenseRows). Adds the correct rows to
+// *correct and returns the sum of the micro-shards' mean losses.
 double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t rows,
-                        std::span<float* const> stacked, StepWorkspace& workspace, Context& ctx,
-                        const RangeSink& sink, int64_t* correct,
-                        const ShardGradFn& on_shard_written = {}) {
+                        int64_t shards, StepWorkspace& workspace, Context& ctx,
+                        const RangeSink& sink, int64_t* correct, const DenseRows& dense = {}) {
   ProgressBoard* const board = workspace.board;
   const Shape sample = batch.images.shape().without_leading();
   // A view: forward only reads its input.
@@ -72,7 +80,6 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
   if (board != nullptr) board->progress();  // for the watchdog: computing is moving
   workspace.dlogits.resize(logits.shape());
   // Each micro-shard's loss over its own rows: its gradient is scaled by 1 / its rows.
-  const int64_t shards = stacked.empty() ? 1 : static_cast<int64_t>(stacked.size());
   const int64_t shard_rows = rows / shards, classes = logits.dim(1);
   double loss = 0.0;
   for (int64_t shard = 0; shard < shards; ++shard) {
@@ -93,8 +100,14 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
       sink(range);
     };
   }
-  if (!stacked.empty()) {
-    model.backward_micro_shards(workspace.dlogits, stacked, ctx, on_ready, on_shard_written);
+  if (dense.terms != nullptr) {
+    model.backward_inputs(
+        workspace.dlogits, ctx, [&](int layer, const Tensor& x, const Tensor& dy) {
+          dense.terms->save(layer, dense.first_shard, x, dy);
+          if (!on_ready) return;
+          for (const GradRange& range : dense.ranges)
+            if (range.layer == layer) on_ready(range);
+        });
   } else {
     model.backward(workspace.dlogits, ctx, on_ready);
   }
@@ -153,27 +166,20 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
     const int64_t piece_rows = rows / pieces;
     stats.samples += rows;
     const bool last_pass = pass + 1 == pass_count;
-    if (exact != nullptr && pieces > 1 && ctx.threads == 1 &&
-        model.can_stack_micro_shards(piece_rows)) {
-      // The pass's micro-shards stacked: one forward and one backward for all of them, with
-      // the bits of one after another (Model::can_stack_micro_shards; on one thread, as a
-      // threaded GEMM splits its work by the sizes), and the weights packed for the GEMMs
-      // once instead of once per micro-shard.
-      model.write_grads_to(nullptr);  // an earlier pass's micro-shards may have redirected it
-      workspace.stacked_targets.resize(static_cast<size_t>(pieces));
-      for (int64_t piece = 0; piece < pieces; ++piece) {
-        const bool last = last_pass && piece + 1 == pieces;
-        workspace.stacked_targets[static_cast<size_t>(piece)] =
-            last ? nullptr : exact->shard_buffer(pass * pieces + piece);
-        if (!last) exact->kept_in_place();
-      }
+    if (DenseShardTerms* const dense = exact != nullptr ? exact->dense_terms() : nullptr) {
+      // A model of dense layers: the pass's micro-shards stacked into one forward and one
+      // backward of the input gradients, with the bits of one after another
+      // (Model::can_stack_micro_shards), each dense layer's rows kept for the exact sum,
+      // which computes the micro-shards' weight gradients from them (dense_terms.h).
+      RINGTRAIN_CHECK(ctx.threads == 1 && piece_rows == dense->micro_shard_rows(),
+                      "stacked micro-shards of {} rows on {} Eigen threads: the exact sum keeps "
+                      "rows of {} micro-shards, on one thread",
+                      piece_rows, ctx.threads, dense->micro_shard_rows());
+      if (pass == 0) workspace.grad_ranges = model.grad_ranges();
       const RangeSink sink{.grads = grads.data(), .sync = last_pass ? sync : nullptr};
-      const int64_t first_shard = pass * pieces;
       loss_sum += forward_backward(
-          model, batch, 0, rows, workspace.stacked_targets, workspace, ctx, sink, &stats.correct,
-          [exact, first_shard](int64_t shard, const GradRange& range) {
-            exact->note_written(first_shard + shard, range.begin, range.end);
-          });
+          model, batch, 0, rows, pieces, workspace, ctx, sink, &stats.correct,
+          DenseRows{.terms = dense, .first_shard = pass * pieces, .ranges = workspace.grad_ranges});
       continue;
     }
     for (int64_t piece = 0; piece < pieces; ++piece) {
@@ -188,7 +194,7 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       // Each micro-shard's gradients go straight to where the exact sum keeps them.
       const int64_t shard = pass * pieces + piece;
       if (exact != nullptr) model.write_grads_to(last ? nullptr : exact->shard_buffer(shard));
-      loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, {}, workspace, ctx,
+      loss_sum += forward_backward(model, batch, piece * piece_rows, piece_rows, 1, workspace, ctx,
                                    sink, &stats.correct);
       if (!last && exact != nullptr) {
         exact->kept_in_place();

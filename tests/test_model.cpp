@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <span>
@@ -264,10 +265,12 @@ bool same_floats(const float* a, const float* b, int64_t n) {
 
 // The property --reproducible's stacked micro-shards rest on (Model::can_stack_micro_shards):
 // Eigen's GEMMs compute each row of a batch the same way for any multiple of 4 rows, so one
-// forward and backward over k stacked micro-shards gives each micro-shard's logits and
-// parameter gradients bit for bit as k separate passes do. It follows from Eigen's blocking
-// (see Dense::rows_independent), not from one machine's rounding, so it must hold on any CPU.
-TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit", "[model]") {
+// forward and backward over k stacked micro-shards gives each micro-shard's logits, and each
+// layer's input and output gradient (from which the exact sum computes the parameter
+// gradients, dense_terms.h), bit for bit as k separate passes do. It follows from Eigen's
+// blocking (see Dense::rows_independent), not from one machine's rounding, so it must hold on
+// any CPU.
+TEST_CASE("stacked micro-shards give each one's logits and layer rows bit for bit", "[model]") {
   // As --reproducible runs: one thread (a threaded GEMM splits its work by the sizes) and the
   // fixed cache sizes.
   ringtrain::set_cpu_threads(1);
@@ -288,10 +291,18 @@ TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit
         CHECK(stackable == (rows % 8 == 0));
         if (!stackable) continue;
         Rows data(rows * shards, 17 + static_cast<uint64_t>(rows));
-        const int64_t n = model->num_params();
+        // [layer] -> the rows of x, then of dy, of every micro-shard in turn.
+        using Kept = std::map<int, std::pair<std::vector<float>, std::vector<float>>>;
+        const auto keep = [](Kept& kept) {
+          return [&kept](int layer, const Tensor& x, const Tensor& dy) {
+            auto& [xs, dys] = kept[layer];
+            xs.insert(xs.end(), x.data(), x.data() + x.numel());
+            dys.insert(dys.end(), dy.data(), dy.data() + dy.numel());
+          };
+        };
 
         // One micro-shard after another, each alone.
-        std::vector<std::vector<float>> alone(size_of(shards));
+        Kept alone;
         std::vector<float> alone_logits;
         for (int64_t j = 0; j < shards; ++j) {
           const Tensor images =
@@ -301,11 +312,10 @@ TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit
           Tensor dlogits(logits.shape());
           ringtrain::softmax_xent(logits.data(), data.labels.data() + j * rows, dlogits.data(),
                                   rows, 10, static_cast<int64_t*>(nullptr));
-          model->backward(dlogits, ctx);
-          alone[size_of(j)].assign(model->grads().data(), model->grads().data() + n);
+          model->backward_inputs(dlogits, ctx, keep(alone));
         }
 
-        // Stacked: one forward, the loss per micro-shard, one backward into k buffers.
+        // Stacked: one forward, the loss per micro-shard, one backward.
         const Tensor& logits = model->forward(data.images, ctx);
         REQUIRE(same_floats(logits.data(), alone_logits.data(), logits.numel()));
         Tensor dlogits(logits.shape());
@@ -313,28 +323,23 @@ TEST_CASE("stacked micro-shards give each one's logits and gradients bit for bit
           ringtrain::softmax_xent(logits.data() + j * rows * 10, data.labels.data() + j * rows,
                                   dlogits.data() + j * rows * 10, rows, 10,
                                   static_cast<int64_t*>(nullptr));
-        std::vector<Tensor> buffers;
-        std::vector<float*> targets;
-        for (int64_t j = 0; j + 1 < shards; ++j) {
-          buffers.emplace_back(Shape{n});
-          buffers.back().fill(std::numeric_limits<float>::quiet_NaN());
-          targets.push_back(buffers.back().data());
-        }
-        targets.push_back(nullptr);  // the last: the model's own buffer
         model->grads().fill(std::numeric_limits<float>::quiet_NaN());
-        std::vector<GradRange> reported;
-        model->backward_micro_shards(dlogits, targets, ctx, [&](const GradRange& range) {
-          // Reported once every micro-shard's gradients of the range are written.
-          for (const Tensor& buffer : buffers)
-            CHECK(std::none_of(buffer.data() + range.begin, buffer.data() + range.end,
-                               [](float g) { return std::isnan(g); }));
-          reported.push_back(range);
-        });
-        for (int64_t j = 0; j < shards; ++j) {
-          const float* got = j + 1 < shards ? buffers[size_of(j)].data() : model->grads().data();
-          CHECK(same_floats(got, alone[size_of(j)].data(), n));
+        Kept stacked;
+        model->backward_inputs(dlogits, ctx, keep(stacked));
+        CHECK(stacked.size() == 3);  // the three dense layers
+        for (const auto& [layer, rows_of] : alone) {
+          INFO("layer " << layer);
+          REQUIRE(stacked.count(layer) == 1);
+          const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+            return a.size() == b.size() &&
+                   same_floats(a.data(), b.data(), static_cast<int64_t>(a.size()));
+          };
+          CHECK(same_bits(rows_of.first, stacked[layer].first));
+          CHECK(same_bits(rows_of.second, stacked[layer].second));
         }
-        CHECK(reported.size() == model->grad_ranges().size());
+        // The gradient buffer is not written.
+        CHECK(std::all_of(model->grads().data(), model->grads().data() + model->num_params(),
+                          [](float g) { return std::isnan(g); }));
       }
     }
   }

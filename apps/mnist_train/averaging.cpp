@@ -5,6 +5,7 @@
 #include <string>
 
 #include "lost_scaling.h"
+#include "ringtrain/dense_terms.h"
 #include "ringtrain/log.h"
 
 namespace ringtrain::app {
@@ -17,14 +18,20 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
   if (o.reproducible) {
     averaging.exact_sum =
         std::make_unique<ExactGradSum>(comm, model.grads().data(), model.grad_ranges(),
-                                       plan.micro_shards, plan.local_micro_shards);
+                                       plan.micro_shards, plan.local_micro_shards, RingOptions{},
+                                       DenseShardTerms::make_for(model, o.micro_batch,
+                                                                 plan.local_micro_shards));
     averaging.allreduce = make_exact_allreduce(*averaging.exact_sum);
     spdlog::info(
         "--reproducible: the global batch of {} is {} micro-shards of {} rows, {} on each rank; "
         "their gradients are summed exactly (fixed point, one scale per gradient segment; "
-        "gradient segments: {}); {:.1f} MB of kept micro-shard gradients per rank",
+        "gradient segments: {}); {:.1f} MB per rank kept of {}",
         plan.global_batch, plan.micro_shards, o.micro_batch, plan.local_micro_shards,
-        model.grad_ranges().size(), static_cast<double>(averaging.exact_sum->kept_bytes()) / 1e6);
+        model.grad_ranges().size(), static_cast<double>(averaging.exact_sum->kept_bytes()) / 1e6,
+        averaging.exact_sum->dense_terms() != nullptr
+            ? "the dense layers' rows (the micro-shards stacked, their gradients computed from "
+              "the rows as the ring sends them)"
+            : "micro-shard gradients (one micro-shard after another)");
   } else {
     // The device transport's deadline is a backstop behind the watchdog, as the host one is.
     averaging.allreduce =

@@ -24,6 +24,7 @@
 #include "resume.h"
 #include "ringtrain/check.h"
 #include "ringtrain/distributed.h"
+#include "ringtrain/dense_terms.h"
 #include "ringtrain/exact_sum.h"
 #include "ringtrain/log.h"
 #include "ringtrain/ps_mpi.h"
@@ -191,7 +192,8 @@ WorkerResult run_worker(const Options& o, const StrategySetup& setup, const PsPl
   std::vector<int> shifts;
   if (o.reproducible) {
     exact.emplace(workers_comm, model.grads().data(), model.grad_ranges(), setup.plan.micro_shards,
-                  setup.plan.local_micro_shards);
+                  setup.plan.local_micro_shards, RingOptions{},
+                  DenseShardTerms::make_for(model, o.micro_batch, setup.plan.local_micro_shards));
     workspace.exact_sum = &*exact;
     workspace.exact_sum_by_caller = true;
     shifts.resize(exact->segments().size());

@@ -26,6 +26,7 @@
 // exact with an addition, which vectorises on every x86-64.)
 #pragma once
 
+#include <bit>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -34,6 +35,7 @@
 
 #include "ringtrain/allreduce.h"
 #include "ringtrain/comm.h"
+#include "ringtrain/dense_terms.h"
 #include "ringtrain/model.h"
 #include "ringtrain/ring.h"
 #include "ringtrain/tensor.h"
@@ -50,6 +52,16 @@ int exponent_bound(std::span<const float> values);
 // The scale exponent at which `terms` values, each below 2^bound in magnitude, round to
 // integers whose sum stays within 2^50 (bound finite, not kAllZeroBound; terms >= 1).
 int fixed_point_shift(int bound, int64_t terms);
+// round-to-nearest-even(v * scale) for scale = 2^shift and |v * scale| <= 2^50: a term's one
+// rounding. Doubles in [2^52, 2^53) are spaced exactly 1 apart, so adding 1.5 * 2^52 rounds
+// to an integer and leaves it in the low mantissa bits; v * scale is exact in double, so a
+// compiler that fuses the two into an fma changes nothing. Unlike llrint, this vectorises on
+// every x86-64 (AVX2 has no packed double-to-int64 conversion).
+inline int64_t fixed_point_term(float v, double scale) {
+  constexpr double kRoundingMagic = 0x1.8p52;
+  return std::bit_cast<int64_t>(static_cast<double>(v) * scale + kRoundingMagic) -
+         std::bit_cast<int64_t>(kRoundingMagic);
+}
 // sums[i] += round-to-nearest-even(values[i] * 2^shift).
 void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums);
 // out[i] = float(double(sums[i]) * 2^-shift / divisor).
@@ -60,23 +72,33 @@ void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
 // segments (its shifts, SegmentPiece::segment).
 std::vector<GradRange> segments_in_buffer_order(std::span<const GradRange> segments);
 
-// The micro-shard gradients of one step, averaged exactly over the job. A rank computes its
-// micro-shard j into shard_buffer(j) (the kept buffers, then the model's gradient buffer for
-// the last): one after another (Model::write_grads_to points backward there) or stacked
-// (Model::backward_micro_shards, every micro-shard of a layer before the next layer), calling
-// kept_in_place() for each but the last. average() then replaces [begin, end)
-// of the model's buffer by the average over every micro-shard of the job; it reads the
-// segments of [begin, end) only, which must by then be final in every micro-shard. The
-// GradSync engine calls average() for each bucket through make_exact_allreduce, while
-// backward of the last micro-shard runs (overlap) or after it; buckets never split a segment,
-// so the scales, and so the bits, do not depend on the bucketing either.
+// The micro-shard gradients of one step, averaged exactly over the job. Where they come from:
+// - a model of dense layers whose micro-shards stack (DenseShardTerms): backward keeps each
+//   layer's rows (DenseShardTerms::save, through dense_terms()), and the terms are computed
+//   from them as the ring sends them; no micro-shard's gradients are ever written;
+// - any other model: a rank computes its micro-shard j into shard_buffer(j) (the kept
+//   buffers, then the model's gradient buffer for the last; Model::write_grads_to points
+//   backward there), calling kept_in_place() for each but the last.
+// average() then replaces [begin, end) of the model's buffer by the average over every
+// micro-shard of the job; it reads the segments of [begin, end) only, which must by then be
+// final in every micro-shard. The GradSync engine calls average() for each bucket through
+// make_exact_allreduce, while backward of the last micro-shard runs (overlap) or after it;
+// buckets never split a segment, so the scales, and so the bits, do not depend on the
+// bucketing either.
 class ExactGradSum {
  public:
   // grads: the model's flat gradient buffer (host memory), segments: Model::grad_ranges().
   // micro_shards: K, every micro-shard of the global batch (the divisor of the average);
-  // local_micro_shards: this rank's share, the same on every rank. Allocates everything.
+  // local_micro_shards: this rank's share, the same on every rank. dense: the terms of a
+  // model of dense layers (DenseShardTerms::make_for), or null: kept buffers. Allocates
+  // everything.
   ExactGradSum(Comm& comm, float* grads, std::span<const GradRange> segments, int64_t micro_shards,
-               int64_t local_micro_shards, const RingOptions& ring = {});
+               int64_t local_micro_shards, const RingOptions& ring = {},
+               std::unique_ptr<DenseShardTerms> dense = nullptr);
+  ~ExactGradSum();
+
+  // Where backward keeps the dense layers' rows; null: the micro-shards go to shard_buffer().
+  DenseShardTerms* dense_terms() { return dense_.get(); }
 
   void begin_step();
   // Micro-shard `kept` (the count so far) is written into shard_buffer(kept) itself (by the
@@ -113,10 +135,9 @@ class ExactGradSum {
   // Throws unless this step's average() calls covered the whole buffer (a GradSync over
   // another Allreduce would leave all but the last micro-shard out, silently).
   void finish_step() const;
-  // The bytes of the kept buffers: (local_micro_shards - 1) x the gradient buffer.
-  int64_t kept_bytes() const {
-    return static_cast<int64_t>(kept_grads_.size() * sums_.size() * sizeof(float));
-  }
+  // The bytes kept per step for the micro-shards: the dense layers' rows, or (local_micro_shards
+  // - 1) x the gradient buffer.
+  int64_t kept_bytes() const;
 
   int64_t micro_shards() const { return micro_shards_; }
   int64_t local_micro_shards() const { return local_micro_shards_; }
@@ -144,7 +165,11 @@ class ExactGradSum {
   int64_t micro_shards_;
   int64_t local_micro_shards_;
   RingOptions ring_;
-  // local_micro_shards - 1 buffers, Tensors for their alignment: 64 bytes, as the model's
+  std::unique_ptr<DenseShardTerms> dense_;
+  // finish_terms' integer sums of one DenseShardTerms block, before their conversion. The
+  // ring finishes one piece at a time, on one thread.
+  mutable std::vector<int64_t> block_sums_;
+  // Without dense_: local_micro_shards - 1 buffers, Tensors for their alignment: 64 bytes, as the model's
   // gradient buffer. Backward writes micro-shards into them, and Eigen's GEMMs can round
   // differently into a buffer of another alignment (16-byte aligned buffers changed the bits
   // of the default MLP): every micro-shard must be computed at the same alignment.

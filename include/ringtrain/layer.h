@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,12 @@ struct ParamSpec {
   Init init;
   int64_t fan_in = 0;  // used by Glorot: limit = sqrt(6 / (fan_in + fan_out))
   int64_t fan_out = 0;
+};
+
+// A fully connected layer's sizes: y[B, out] = x[B, in] w[in, out] + b[out].
+struct DenseSizes {
+  int64_t in = 0;
+  int64_t out = 0;
 };
 
 // Reports that the first `done` elements of a layer's parameter slice (flat order) are final.
@@ -67,13 +74,17 @@ class Layer {
                               Context& ctx) = 0;
   // Whether, on the CPU, forward and backward_input compute each row of their result from the
   // same row of their inputs alone, with arithmetic that is the same for a batch of `rows`
-  // rows as for any multiple of them (rows a multiple of 4), and backward_params is correct
-  // on any block of rows. Model::backward_micro_shards relies on it: micro-shards stacked into
-  // one batch then get the bits each would get alone.
+  // rows as for any multiple of them (rows a multiple of 4). --reproducible relies on it
+  // (Model::can_stack_micro_shards): micro-shards stacked into one batch then get the
+  // activations and input gradients each would get alone.
   virtual bool rows_independent(int64_t rows) const {
     (void)rows;
     return false;
   }
+  // A fully connected layer (its parameters the weights w [in, out], then the bias b [out]):
+  // its sizes, with which the exact sum computes its parameter gradients from x and dy itself
+  // (dense_terms.h). Any other layer: none.
+  virtual std::optional<DenseSizes> dense_sizes() const { return std::nullopt; }
 };
 
 // Whether `layer` runs this call on the GPU (ctx.device == kCuda), after checking that its

@@ -35,8 +35,8 @@ struct GradRange {
   int64_t end = 0;
 };
 using GradReadyFn = std::function<void(const GradRange&)>;
-// Micro-shard `shard`'s gradients of `range` (a whole layer's) are written into its buffer.
-using ShardGradFn = std::function<void(int64_t shard, const GradRange& range)>;
+// Layer `layer`'s input x and the gradient dy at its output, during a backward.
+using LayerRowsFn = std::function<void(int layer, const Tensor& x, const Tensor& dy)>;
 
 // Told as each layer's backward begins and ends (the --timeline's per-layer spans). The model
 // knows nothing of what the observer does with it.
@@ -70,22 +70,17 @@ class Model {
   // gradients are written and before its input gradient is computed.
   void backward(const Tensor& dlogits, Context& ctx, const GradReadyFn& on_grad_ready = {});
   // Whether micro-shards of `rows` rows each may be stacked into one forward and one
-  // backward_micro_shards with the bits each would get alone: a host model whose every layer
-  // is rows_independent, rows a multiple of 4, and each micro-shard's rows starting 64-byte
-  // aligned in every activation (the alignment of a micro-shard on its own). The caller runs
-  // Eigen on one thread: a threaded GEMM splits its work by the sizes.
+  // backward_inputs with the activations and input gradients each would get alone: a host
+  // model whose every layer is rows_independent, rows a multiple of 4, and each micro-shard's
+  // rows starting 64-byte aligned in every activation (the alignment of a micro-shard on its
+  // own). The caller runs Eigen on one thread: a threaded GEMM splits its work by the sizes.
   bool can_stack_micro_shards(int64_t rows) const;
-  // backward after a forward over targets.size() micro-shards of equal rows, stacked:
-  // micro-shard j's parameter gradients go to targets[j] (a buffer laid out as grads();
-  // nullptr: grads()), bit for bit what backward on it alone would write; each layer's
-  // micro-shards are computed one after another, the last one's reported through
-  // on_grad_ready, so a range is reported when every micro-shard's gradients of it are
-  // written; each micro-shard with a target of its own is told to on_shard_written as each
-  // layer's gradients are written there. The input
-  // gradients are computed for the stacked batch at once.
-  void backward_micro_shards(const Tensor& dlogits, std::span<float* const> targets, Context& ctx,
-                             const GradReadyFn& on_grad_ready = {},
-                             const ShardGradFn& on_shard_written = {});
+  // Backward without the parameter gradients, for a caller that computes them itself from
+  // each layer's rows (the exact sum's DenseShardTerms): for each layer with parameters, from
+  // the last, on_layer(layer, x, dy) with its input and the gradient at its output (for the
+  // batch of the last forward), before its input gradient is computed. The gradient buffer
+  // is not written.
+  void backward_inputs(const Tensor& dlogits, Context& ctx, const LayerRowsFn& on_layer);
   // Every later backward tells `observer` (null: no one) about each layer it runs.
   void set_backward_observer(BackwardObserver* observer) { observer_ = observer; }
 
@@ -110,6 +105,7 @@ class Model {
   const std::vector<ParamView>& param_views() const { return views_; }
   int64_t num_params() const { return params_.numel(); }
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  const Layer& layer(int index) const { return *layers_.at(static_cast<size_t>(index)); }
   std::string layer_name(int layer) const;  // "2.dense(500->500)"
   const Shape& input_shape() const { return input_; }
   const Shape& output_shape() const { return output_; }

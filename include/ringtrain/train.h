@@ -69,11 +69,12 @@ struct StepWorkspace {
   ProgressBoard* board = nullptr;
   // --reproducible (CPU steps): the batch is exact_sum->local_micro_shards() micro-shards of
   // equal rows, each run through forward and backward on its own (the same shapes whichever
-  // rank runs it, so the same bits), or, where Model::can_stack_micro_shards, stacked into one
-  // forward and backward with those bits; the last one with the GradSync, which must average
-  // over make_exact_allreduce(*exact_sum). Null: the batch in one pass.
+  // rank runs it, so the same bits), or, for a model of dense layers (exact_sum->dense_terms()),
+  // stacked into one forward and one backward of the input gradients with those bits; the last
+  // one with the GradSync, which must average over make_exact_allreduce(*exact_sum). Null:
+  // the batch in one pass.
   ExactGradSum* exact_sum = nullptr;
-  std::vector<float*> stacked_targets;  // stacked micro-shards: where each writes its gradients
+  std::vector<GradRange> grad_ranges;  // the model's, for the stacked micro-shards
   // The parameter-server workers: no GradSync; the micro-shards are left for
   // exact_sum->local_sums() after the step.
   bool exact_sum_by_caller = false;

@@ -79,10 +79,11 @@ class Dense final : public Layer {
   // for several shapes). Not where Eigen leaves the GEMM: a product whose three sizes add up
   // to less than 20 is computed coefficient by coefficient, and one with a single output
   // column (in or out of 1) as a matrix-vector product. dw and db sum over the rows: they are
-  // computed per micro-shard.
+  // computed per micro-shard (dense_terms.h).
   bool rows_independent(int64_t rows) const override {
     return in_ > 1 && out_ > 1 && rows + in_ + out_ >= 20;
   }
+  std::optional<DenseSizes> dense_sizes() const override { return DenseSizes{in_, out_}; }
   Shape output_shape(const Shape& input) const override {
     RINGTRAIN_CHECK(input.numel() == in_, "{} got a sample of shape {} ({} values)", name(),
                     input.str(), input.numel());
