@@ -34,15 +34,19 @@ inline F load(const float* p) { return _mm512_loadu_ps(p); }
 inline void store(float* p, F v) { _mm512_storeu_ps(p, v); }
 inline F broadcast(float x) { return _mm512_set1_ps(x); }
 inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-// sums[0 .. 8) += the terms of values[0 .. 8).
-inline void add_terms8(const float* values, double scale, int64_t* sums) {
+// Eight int64 sums.
+using Sums = __m512i;
+inline Sums load_sums(const int64_t* p) { return _mm512_loadu_si512(p); }
+inline void store_sums(int64_t* p, Sums v) { _mm512_storeu_si512(p, v); }
+// sums + the terms of values[0 .. 8).
+inline Sums add_terms8(Sums sums, const float* values, __m512d scale) {
   const __m512d magic = _mm512_set1_pd(0x1.8p52);
-  const __m512d rounded =
-      _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(values)), _mm512_set1_pd(scale), magic);
-  const __m512i terms =
-      _mm512_sub_epi64(_mm512_castpd_si512(rounded), _mm512_castpd_si512(magic));
-  _mm512_storeu_si512(sums, _mm512_add_epi64(_mm512_loadu_si512(sums), terms));
+  const __m512d rounded = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(values)), scale, magic);
+  return _mm512_add_epi64(
+      sums, _mm512_sub_epi64(_mm512_castpd_si512(rounded), _mm512_castpd_si512(magic)));
 }
+using Scale = __m512d;
+inline Scale scale_of(double scale) { return _mm512_set1_pd(scale); }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kLanes = 8;
 using F = __m256;
@@ -51,16 +55,27 @@ inline F load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 inline F broadcast(float x) { return _mm256_set1_ps(x); }
 inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-inline void add_terms8(const float* values, double scale, int64_t* sums) {
+struct Sums {
+  __m256i half[2];
+};
+inline Sums load_sums(const int64_t* p) {
+  return {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4))}};
+}
+inline void store_sums(int64_t* p, Sums v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v.half[0]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 4), v.half[1]);
+}
+using Scale = __m256d;
+inline Scale scale_of(double scale) { return _mm256_set1_pd(scale); }
+inline Sums add_terms8(Sums sums, const float* values, Scale scale) {
   const __m256d magic = _mm256_set1_pd(0x1.8p52);
-  for (int half = 0; half < 2; ++half) {
-    const __m256d rounded = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(values + 4 * half)),
-                                            _mm256_set1_pd(scale), magic);
-    const __m256i terms =
-        _mm256_sub_epi64(_mm256_castpd_si256(rounded), _mm256_castpd_si256(magic));
-    auto* at = reinterpret_cast<__m256i*>(sums + 4 * half);
-    _mm256_storeu_si256(at, _mm256_add_epi64(_mm256_loadu_si256(at), terms));
+  for (int h = 0; h < 2; ++h) {
+    const __m256d rounded = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(values + 4 * h)), scale, magic);
+    sums.half[h] = _mm256_add_epi64(
+        sums.half[h], _mm256_sub_epi64(_mm256_castpd_si256(rounded), _mm256_castpd_si256(magic)));
   }
+  return sums;
 }
 #else
 constexpr int64_t kLanes = 4;
@@ -79,8 +94,20 @@ inline F fma(F a, F b, F c) {
   for (int64_t l = 0; l < kLanes; ++l) c.lane[l] = std::fma(a.lane[l], b.lane[l], c.lane[l]);
   return c;
 }
-inline void add_terms8(const float* values, double scale, int64_t* sums) {
-  for (int l = 0; l < 8; ++l) sums[l] += fixed_point_term(values[l], scale);
+struct Sums {
+  int64_t lane[8];
+};
+inline Sums load_sums(const int64_t* p) {
+  Sums v;
+  std::copy(p, p + 8, v.lane);
+  return v;
+}
+inline void store_sums(int64_t* p, Sums v) { std::copy(v.lane, v.lane + 8, p); }
+using Scale = double;
+inline Scale scale_of(double scale) { return scale; }
+inline Sums add_terms8(Sums sums, const float* values, Scale scale) {
+  for (int l = 0; l < 8; ++l) sums.lane[l] += fixed_point_term(values[l], scale);
+  return sums;
 }
 #endif
 }  // namespace simd
@@ -136,11 +163,18 @@ void weight_tile(const Rows& a, int64_t i, int64_t j, int64_t columns, const int
     for (int64_t c = 0; c < columns; ++c)
       sums[c] = received != nullptr ? received[r * out_stride + c] : 0;
     const int64_t whole = columns / 8 * 8;
-    for (int64_t s = 0; s < a.shards; ++s) {
-      const float* kept = a.dots + (s * kRows + r) * kTileColumns;
-      for (int64_t c = 0; c < whole; c += 8) simd::add_terms8(kept + c, a.scale, sums + c);
-      for (int64_t c = whole; c < columns; ++c) sums[c] += fixed_point_term(kept[c], a.scale);
+    const simd::Scale scale = simd::scale_of(a.scale);
+    const float* row = a.dots + r * kTileColumns;
+    constexpr int64_t kShardStep = kRows * kTileColumns;
+    // Eight columns at a time over every micro-shard, their sums in a register.
+    for (int64_t c = 0; c < whole; c += 8) {
+      simd::Sums sum = simd::load_sums(sums + c);
+      for (int64_t s = 0; s < a.shards; ++s) sum = simd::add_terms8(sum, row + s * kShardStep + c, scale);
+      simd::store_sums(sums + c, sum);
     }
+    for (int64_t s = 0; s < a.shards; ++s)
+      for (int64_t c = whole; c < columns; ++c)
+        sums[c] += fixed_point_term(row[s * kShardStep + c], a.scale);
     std::copy(sums, sums + columns, out + r * out_stride);
   }
 }
