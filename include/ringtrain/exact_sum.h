@@ -11,10 +11,11 @@
 // are rounded once to integers at that scale, summed as integers within the rank and across
 // ranks by the ring (ring_allreduce_exact), and converted back once:
 //
-//   bound  = max over micro-shards j and elements i of exponent(|g_j[i]|)   (|g| < 2^bound)
+//   bound  = max over micro-shards j and elements i of exponent(|g_j[i]|)   (|g| < 2^bound;
+//            for dense layers a bound derived from their rows, dense_terms.h)
 //   shift  = 50 - ceil(log2 K) - bound       (K micro-shards: every sum stays within 2^50)
 //   sum[i] = sum over j of round(g_j[i] * 2^shift)                           (exact)
-//   avg[i] = float(double(sum[i]) * 2^-shift / K)
+//   avg[i] = float(double(sum[i]) * (2^-shift * double(1 / K)))
 //
 // Each term's rounding depends only on its value and the agreed shift, never on where it was
 // summed; the integer sum is exact; the conversion back is one fixed sequence of correctly
@@ -64,7 +65,8 @@ inline int64_t fixed_point_term(float v, double scale) {
 }
 // sums[i] += round-to-nearest-even(values[i] * 2^shift).
 void add_fixed_point(std::span<const float> values, int shift, std::span<int64_t> sums);
-// out[i] = float(double(sums[i]) * 2^-shift / divisor).
+// out[i] = float(double(sums[i]) * f), f = 2^-shift * double(1 / divisor): one rounding in
+// double (1 / divisor is rounded once), then the float's.
 void from_fixed_point(std::span<const int64_t> sums, int shift, int64_t divisor,
                       std::span<float> out);
 
