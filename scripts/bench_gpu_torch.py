@@ -19,7 +19,8 @@ Timing: --warmup untimed steps per configuration, then --reps timed windows of -
 each window bracketed by torch.cuda.synchronize(); the median window is reported.
 
 Output (stdout): CSV with a header line, one row per configuration; '#' lines on stderr
-describe the environment.
+describe the environment. gpu_mem_mib is the device's memory in use (total - free, the CUDA
+context and the training data included) after the timed windows, less --idle-mem-mib.
   scripts/bench_gpu_torch.py --device cuda --configs mlp:128,cnn:128,mlp-wide:128
 """
 import argparse
@@ -37,7 +38,7 @@ MODELS = {"mlp": ("mlp", (500, 500)), "cnn": ("cnn", None), "mlp-wide": ("mlp", 
 DEFAULT_CONFIGS = "mlp:128,mlp:512,cnn:128,cnn:512,mlp-wide:128,mlp-wide:512"
 CSV_FIELDS = ["framework", "device", "model", "batch", "data", "warmup", "steps", "reps",
               "images_per_sec", "step_ms", "min_images_per_sec", "max_images_per_sec",
-              "last_loss", "params"]
+              "last_loss", "params", "gpu_mem_mib"]
 
 
 def parse_configs(text):
@@ -82,6 +83,8 @@ def run_steps(model, opt, x, y, perm_state, batch, count):
 
 
 def bench_one(name, batch, x, y, args, device):
+    if device.type == "cuda":  # the previous configuration's cached blocks are not this one's
+        torch.cuda.empty_cache()
     kind, hidden = MODELS[name]
     torch.manual_seed(args.seed)
     model = make_model(kind, hidden) if hidden else make_model(kind)
@@ -108,6 +111,10 @@ def bench_one(name, batch, x, y, args, device):
         sync(device)
         rates.append(steps * batch / (time.perf_counter() - t0))
     med = statistics.median(rates)
+    gpu_mem = ""
+    if device.type == "cuda":  # the device's memory in use now, context included, less idle
+        free, total = torch.cuda.mem_get_info(device)
+        gpu_mem = f"{(total - free) / 2**20 - args.idle_mem_mib:.0f}"
     return {
         "framework": "pytorch", "device": str(device), "model": name, "batch": batch,
         "data": args.data_label, "warmup": args.warmup, "steps": steps, "reps": args.reps,
@@ -115,6 +122,7 @@ def bench_one(name, batch, x, y, args, device):
         "min_images_per_sec": f"{min(rates):.1f}", "max_images_per_sec": f"{max(rates):.1f}",
         "last_loss": f"{loss.item():.4f}" if loss is not None else "",
         "params": sum(p.numel() for p in model.parameters()),
+        "gpu_mem_mib": gpu_mem,
     }
 
 
@@ -139,6 +147,9 @@ def main():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--idle-mem-mib", type=float, default=0.0,
+                   help="the device's memory in use before this program started (nvidia-smi), "
+                        "subtracted from the gpu_mem_mib column")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--no-header", action="store_true", help="omit the CSV header line")
     args = p.parse_args()

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # gpu_check.sh: everything a GPU machine should check, in one script that ends within about
-# 9 minutes: builds ringtrain with CUDA (build-gpu-check/), runs the GPU tests, times
-# single-GPU training of mlp, cnn and the wide MLP (--hidden 4096,4096) at batch 128 and 512
-# with `mnist_train --device cuda`, times the same models in PyTorch eager on the same GPU
-# (scripts/bench_gpu_torch.py), and writes a table (target: ringtrain >= 1.5x PyTorch at
-# batch 128). Meant for an NVIDIA Hopper (H100/H200) machine with CUDA 13 and PyTorch, with
+# 7 minutes: takes the programs built on the build machine (<carry>/bin) or builds ringtrain
+# with CUDA (build-gpu-check/), runs the GPU tests, checks that 50 steps on the GPU equal the
+# CPU's within 1e-3 and one epoch reaches the CPU's test accuracy within 0.3 points, trains
+# 2 ranks on the one GPU with identical replicas, measures allreduce_bench --device cuda from
+# 1 MiB to 1 GiB, times single-GPU training of mlp, cnn and the wide MLP (--hidden 4096,4096)
+# at batch 128 and 512 with `mnist_train --device cuda` and its variants, times the same
+# models in PyTorch eager on the same GPU (scripts/bench_gpu_torch.py), and writes a table
+# (targets: 3x PyTorch for mlp and cnn at batch 128 with graphs and data on the GPU, 1x for
+# the wide MLP). Meant for an NVIDIA Hopper (H100/H200) machine with CUDA 13 and PyTorch, with
 # or without MPI, without internet. docs/gpu.md describes it; scripts/gpu_carry.sh prepares
 # what such a machine may lack.
 #
@@ -15,7 +19,7 @@
 #                    script's log), gpu_check_logs.tar.gz (every command's full output). Four
 #                    files, no subfolders (for runners that return only a few files).
 #   --quick          smoke test: one round, 0.5 s per timed run (figures not meaningful)
-#   --budget S       wall-clock budget for the whole script (default 540); phases get what is
+#   --budget S       wall-clock budget for the whole script (default 420); phases get what is
 #                    left, and timing rounds stop early when the next would not fit
 #   --data-dir DIR   MNIST IDX .gz files (default: $RINGTRAIN_DATA, <carry>/data/mnist,
 #                    data/mnist, ../shared/data/mnist, /usr/share/datasets/fashion-mnist;
@@ -35,7 +39,8 @@
 #                        with bin/mpicxx): used when no working mpicxx is on PATH
 #   RINGTRAIN_NCCL_LIBRARY, RINGTRAIN_NCCL_INCLUDE, RINGTRAIN_CUDNN_LIBRARY,
 #   RINGTRAIN_CUDNN_INCLUDE  override the search below (a library file, a header directory)
-#   GPU_CHECK_SECONDS (2), GPU_CHECK_REPS (3), GPU_CHECK_MOMENTUM (0.9), JOBS (nproc),
+#   GPU_CHECK_SECONDS (1.5), GPU_CHECK_REPS (2), GPU_CHECK_MOMENTUM (0.9), JOBS (nproc),
+#   GPU_CHECK_BUILD_HERE (1: build here even when <carry>/bin holds usable programs),
 #   GPU_CHECK_CONFIGS (model[+variant...]:batch words; default: mlp, cnn, mlp-wide at 128 and
 #   512, and variants +graphs (--cuda-graphs), +gpudata (--data-on-gpu), +cudnn (--conv-impl
 #   cudnn); see DEFAULT_CONFIGS),
@@ -56,7 +61,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 START_TS=$SECONDS
 OUTDIR="${OUT:-$PWD/gpu-check-out}"
 QUICK=0
-BUDGET=540
+BUDGET=420
 DATA_DIR_ARG=""
 ALLOW_NO_GPU=0
 KEEP_BUILD=0
@@ -79,7 +84,7 @@ done
 if [[ "$QUICK" == 1 ]]; then
   SECONDS_PER_RUN="${GPU_CHECK_SECONDS:-0.5}"; REPS="${GPU_CHECK_REPS:-1}"
 else
-  SECONDS_PER_RUN="${GPU_CHECK_SECONDS:-2}"; REPS="${GPU_CHECK_REPS:-3}"
+  SECONDS_PER_RUN="${GPU_CHECK_SECONDS:-1.5}"; REPS="${GPU_CHECK_REPS:-2}"
 fi
 MOMENTUM="${GPU_CHECK_MOMENTUM:-0.9}"
 JOBS="${JOBS:-$(nproc)}"
@@ -95,7 +100,7 @@ CONFIGS=()
 DEFAULT_CONFIGS="mlp:128 cnn:128 mlp-wide:128"
 DEFAULT_CONFIGS+=" mlp+gpudata+graphs:128 cnn+gpudata+graphs:128 mlp-wide+gpudata+graphs:128"
 DEFAULT_CONFIGS+=" mlp+graphs:128 cnn+graphs:128 cnn+cudnn:128 cnn+cudnn+gpudata+graphs:128"
-DEFAULT_CONFIGS+=" mlp:512 cnn:512 mlp-wide:512 mlp+gpudata+graphs:512"
+DEFAULT_CONFIGS+=" mlp:512 cnn:512 mlp-wide:512 mlp+gpudata+graphs:512 cnn+gpudata+graphs:512"
 for c in ${GPU_CHECK_CONFIGS:-$DEFAULT_CONFIGS}; do
   name="${c%%:*}" batch="${c#*:}"
   IFS=+ read -ra parts <<<"$name"
@@ -124,8 +129,8 @@ LOGS="$WORK/logs"
 mkdir -p "$LOGS"
 MAINLOG="$OUTDIR/gpu_check.log"
 : >"$MAINLOG"
-RESULTS="$WORK/results.csv"   # side,model,batch,round,steps,images_per_sec,step_ms,status
-echo "side,model,batch,round,steps,images_per_sec,step_ms,status" >"$RESULTS"
+RESULTS="$WORK/results.csv"   # side,model,batch,round,steps,images_per_sec,step_ms,status,gpu_mem_mib
+echo "side,model,batch,round,steps,images_per_sec,step_ms,status,gpu_mem_mib" >"$RESULTS"
 declare -A PHASE   # phase -> result line for the report
 
 elapsed() { echo $((SECONDS - START_TS)); }
@@ -133,6 +138,24 @@ left() { echo $((BUDGET - (SECONDS - START_TS))); }
 log() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$MAINLOG" >&2; }
 # limit CAP: seconds a phase may take: CAP, or what is left of the budget less 25 s for the report
 limit() { local l=$(($(left) - 25)); ((l < $1)) || l=$1; ((l > 5)) || l=5; echo "$l"; }
+# The GPU's memory in use (nvidia-smi memory.used, MiB, the whole device: context included),
+# sampled every 100 ms while a timed run trains; mem_stop prints the peak less the idle figure
+# read at the start (GPU_MEM_IDLE).
+MEM_SAMPLER_PID=""
+mem_start() {
+  : >"$1"
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$1" 2>/dev/null &
+  MEM_SAMPLER_PID=$!
+}
+mem_stop() {
+  if [[ -n "$MEM_SAMPLER_PID" ]]; then
+    kill "$MEM_SAMPLER_PID" 2>/dev/null
+    wait "$MEM_SAMPLER_PID" 2>/dev/null
+  fi
+  MEM_SAMPLER_PID=""
+  awk -v idle="${GPU_MEM_IDLE:-0}" '$1 ~ /^[0-9]+$/ { if ($1 > m) m = $1 } END { if (m != "") print m - idle }' "$1"
+}
 
 # shellcheck disable=SC2317 # called by the EXIT trap
 finish() {
@@ -153,6 +176,7 @@ fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >"$LOGS/nvidia-smi-L.txt" 2>&1 &&
   grep -q '^GPU ' "$LOGS/nvidia-smi-L.txt"; then
   GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)"
+  GPU_MEM_IDLE="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n1 | tr -dc 0-9)"
 fi
 if [[ -z "$GPU_NAME" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
   # no nvidia-smi: ask PyTorch
@@ -222,6 +246,10 @@ if [[ -n "$NVCC" ]]; then
   NVCC="$(readlink -f "$NVCC")"
   CUDA_ROOT="$(dirname "$(dirname "$NVCC")")"
   CMAKE_ARGS+=(-DCMAKE_CUDA_COMPILER="$NVCC" -DCUDAToolkit_ROOT="$CUDA_ROOT")
+  # libcudart.so.13 and libcublas.so.13 (loaded at run time) for programs built elsewhere
+  for d in "$CUDA_ROOT/lib64" "$CUDA_ROOT/targets/x86_64-linux/lib" "$CUDA_ROOT/lib"; do
+    [[ -d "$d" ]] && RT_LIBPATH+=("$d")
+  done
   log "CUDA: $NVCC"
 else
   CUDA_ROOT=/usr/local/cuda
@@ -342,7 +370,7 @@ if [[ -n "$CARRY" ]] && compgen -G "$CARRY/debs/*.deb" >/dev/null; then
   done
   ARCHLIB="$SYSROOT/usr/lib/x86_64-linux-gnu"
   # Base libraries the system has (zlib, udev) stay the system's: no older copy shadows them.
-  for so in libz.so.1 libudev.so.1; do
+  for so in libz.so.1 libudev.so.1 libgomp.so.1; do
     sys="$(ldconfig -p 2>/dev/null | awk -v n="$so" '$1 == n && /x86-64/ { print $NF; exit }')"
     if [[ -n "$sys" ]]; then
       rm -f "$ARCHLIB/$so" "$ARCHLIB/$so".*
@@ -413,7 +441,41 @@ rt() { env LD_LIBRARY_PATH="$RT_LD" OMPI_MCA_ess_singleton_isolated=1 "${MPI_ENV
 BUILD_RC=1
 PHASE[build]="not run"
 t0=$SECONDS
-if [[ "$SKIP_BUILD" == 1 ]]; then
+# Programs built on the build machine (scripts/gpu_carry.sh --bin DIR puts them in <carry>/bin):
+# used when every one loads its libraries here and starts, which saves the build's minutes of
+# GPU-machine time; any failure falls back to building here.
+PREBUILT=0
+PREBUILT_PROGRAMS=(mnist_train allreduce_bench ringtrain_gpu_tests nccl_ring_test)
+if [[ "$SKIP_BUILD" == 0 && "${GPU_CHECK_BUILD_HERE:-0}" != 1 && -n "$CARRY" && -x "$CARRY/bin/mnist_train" ]]; then
+  why=""
+  mkdir -p "$BUILD/tests/gpu"
+  for prog in "${PREBUILT_PROGRAMS[@]}"; do
+    [[ -x "$CARRY/bin/$prog" ]] || { why+="$prog missing; "; continue; }
+    dest="$BUILD/$prog"
+    [[ "$prog" == ringtrain_gpu_tests ]] && dest="$BUILD/tests/gpu/$prog"
+    cp -f "$CARRY/bin/$prog" "$dest"
+    missing_libs="$(rt ldd "$dest" 2>&1 | grep 'not found' | awk '{print $1}' | paste -sd, -)"
+    [[ -z "$missing_libs" ]] || why+="$prog lacks $missing_libs; "
+  done
+  if [[ -z "$why" ]]; then
+    rt timeout 30 "$BUILD/mnist_train" --help >"$LOGS/prebuilt_help.log" 2>&1 || why+="mnist_train --help failed: $(tail -n 2 "$LOGS/prebuilt_help.log" | tr '\n' ' '); "
+    # exit 77 (no GPU visible) also shows that it loaded and ran
+    rt timeout 30 "$BUILD/tests/gpu/ringtrain_gpu_tests" --list-test-names-only >"$LOGS/prebuilt_list.log" 2>&1
+    rc=$?
+    [[ $rc == 0 || $rc == 77 ]] ||
+      why+="ringtrain_gpu_tests --list-test-names-only failed (exit $rc): $(tail -n 2 "$LOGS/prebuilt_list.log" | tr '\n' ' '); "
+  fi
+  if [[ -z "$why" ]]; then
+    PREBUILT=1; BUILD_RC=0
+    PHASE[build]="prebuilt on the build machine ($(cat "$CARRY/bin/BUILT" 2>/dev/null | head -n1)): ${PREBUILT_PROGRAMS[*]} load and start here"
+  else
+    log "prebuilt programs in $CARRY/bin not usable ($why); building here"
+    rm -f "${PREBUILT_PROGRAMS[@]/#/$BUILD/}" "$BUILD/tests/gpu/ringtrain_gpu_tests"
+  fi
+fi
+if [[ "$PREBUILT" == 1 ]]; then
+  :
+elif [[ "$SKIP_BUILD" == 1 ]]; then
   if [[ -x "$BUILD/mnist_train" ]]; then BUILD_RC=0; PHASE[build]="skipped (--skip-build): programs already in $BUILD"
   else PHASE[build]="FAILED: --skip-build, but $BUILD/mnist_train does not exist"; fi
 else
@@ -490,6 +552,7 @@ if [[ "$BUILD_RC" == 0 ]]; then
     fi
   else
     PHASE[gpu_ctest]="none registered besides gpu_tests"
+    [[ "$PREBUILT" == 1 ]] && PHASE[gpu_ctest]="none (prebuilt programs, no ctest files): nccl_ring_test and allreduce_bench run under 'Ranks on one GPU'"
   fi
   log "ctest (other GPU tests): ${PHASE[gpu_ctest]}"
 fi
@@ -523,6 +586,113 @@ for d in "$DATA_DIR_ARG" "${RINGTRAIN_DATA:-}" ${CARRY:+"$CARRY/data/mnist"} "$R
 done
 [[ -n "$DATA_DIR_ARG" && "$DATA_DIR" != "$(cd "$DATA_DIR_ARG" 2>/dev/null && pwd)" ]] &&
   log "warning: --data-dir $DATA_DIR_ARG holds no IDX .gz files"
+
+# ------------------------------------------------------------------ GPU equals CPU
+# The same program, seed and batches on each device (the GPU build's mnist_train runs either):
+# 50 steps of the mlp and the cnn, SGD lr 0.01 momentum 0.9, parameters compared
+# (scripts/compare_params.py). Tolerance 1e-3 on the largest |gpu - cpu|: the two devices differ
+# by float rounding in their summation orders (cuBLAS's and the conv kernels' against Eigen's,
+# about 1e-6 relative per product); under SGD at this rate the differences grow about linearly
+# with the steps, and ringtrain_gpu_tests bounds them by 1e-4 after 5 steps, so 10x the steps get
+# 10x that bound. Then one epoch of each on each device: test accuracy within 0.3 points.
+PHASE[parity]="not run"
+PHASE[epoch]="not run"
+PHASE[ranks]="not run"
+PARITY_TOL=1e-3
+HAVE_RT=0
+[[ -n "$GPU_NAME" && "$BUILD_RC" == 0 && -x "$BUILD/mnist_train" ]] && HAVE_RT=1
+if [[ "$HAVE_RT" == 1 && -n "$DATA_DIR" ]]; then
+  PAR="$WORK/parity"
+  mkdir -p "$PAR"
+  POPT=(--data-dir "$DATA_DIR" --optimizer sgd --lr 0.01 --momentum 0.9 --seed 42 --batch-size 128
+    --log-every 0 --eval-every 0 --eval-batch 10000)
+  PHASE[parity]=""
+  for model in mlp cnn; do
+    for dev in cpu "$DEVICE"; do
+      rt timeout "$(limit 60)" "$BUILD/mnist_train" --device "$dev" --model "$model" --steps 50 "${POPT[@]}" \
+        --save-params "$PAR/$model-$dev.bin" --metrics-out "$PAR/$model-$dev.jsonl" \
+        >"$LOGS/parity-$model-$dev.log" 2>&1 || log "parity: $model on $dev FAILED (exit $?): $(tail -n 2 "$LOGS/parity-$model-$dev.log" | tr '\n' ' ')"
+    done
+    line="$(python3 "$ROOT/scripts/compare_params.py" --max-abs "$PARITY_TOL" "$PAR/$model-cpu.bin" "$PAR/$model-$DEVICE.bin" 2>&1)"
+    rc=$?
+    [[ $rc == 0 ]] || TESTS_RC=2
+    PHASE[parity]+="$model: $([[ $rc == 0 ]] && echo ok || echo FAILED): $line. "
+    log "GPU equals CPU, $model 50 steps: $line"
+  done
+  PHASE[epoch]=""
+  for model in mlp cnn; do
+    acc=()
+    for dev in cpu "$DEVICE"; do
+      if rt timeout "$(limit 90)" "$BUILD/mnist_train" --device "$dev" --model "$model" --epochs 1 "${POPT[@]}" \
+        --metrics-out "$PAR/epoch-$model-$dev.jsonl" >"$LOGS/epoch-$model-$dev.log" 2>&1; then
+        acc+=("$(python3 "$ROOT/scripts/summary_field.py" "$PAR/epoch-$model-$dev.jsonl" test_accuracy 2>/dev/null)")
+      else
+        log "epoch: $model on $dev FAILED (exit $?)"; acc+=("")
+      fi
+    done
+    line="$(python3 - "${acc[0]:-nan}" "${acc[1]:-nan}" <<'PY'
+import math, sys
+c, g = (float(v) if v else math.nan for v in sys.argv[1:3])
+ok = abs(c - g) * 100 <= 0.3
+print(f"test accuracy cpu {100 * c:.2f}%, gpu {100 * g:.2f}%, difference {100 * abs(c - g):.2f} points: "
+      + ("within 0.3" if ok else "OVER 0.3 (or a run failed)"))
+sys.exit(0 if ok else 1)
+PY
+)"
+    rc=$?
+    [[ $rc == 0 ]] || TESTS_RC=2
+    PHASE[epoch]+="$model: $line. "
+    log "one epoch, $model, batch 128: $line"
+  done
+fi
+
+# ------------------------------------------------------------------ ranks on one GPU
+# Two ranks sharing the one GPU (NCCL refuses two ranks on one device, so the ring runs
+# host-staged): training keeps the replicas bitwise identical (--check-replicas; exit 0 means
+# every check passed), and allreduce_bench's bus bandwidth from 1 MiB to 1 GiB, the staged ring
+# on 2 ranks and the NCCL ring against ncclAllReduce on 1 rank.
+MPIRUN="$(command -v mpirun || true)"
+[[ -x "$STATE/bin/mpirun" ]] && MPIRUN="$STATE/bin/mpirun"
+MPI_FLAGS=(--oversubscribe --bind-to none --mca btl "self,vader" --mca btl_vader_single_copy_mechanism none)
+[[ "$(id -u)" == 0 ]] && MPI_FLAGS+=(--allow-run-as-root)
+if [[ "$HAVE_RT" == 1 && -n "$MPIRUN" && -n "$DATA_DIR" ]]; then
+  PHASE[ranks]=""
+  for spec in "mlp|200" "cnn|100"; do
+    IFS='|' read -r model steps <<<"$spec"
+    rt timeout "$(limit 90)" "$MPIRUN" -np 2 "${MPI_FLAGS[@]}" "$BUILD/mnist_train" --device "$DEVICE" --model "$model" \
+      --data-dir "$DATA_DIR" --steps "$steps" --batch-size 64 --check-replicas 20 --log-every 0 --eval-every 0 \
+      --eval-batch 10000 --metrics-out "$LOGS/ranks-$model.jsonl" >"$LOGS/ranks-$model.log" 2>&1
+    rc=$?
+    ips="$(python3 "$ROOT/scripts/summary_field.py" "$LOGS/ranks-$model.jsonl" images_per_sec 2>/dev/null)"
+    if [[ $rc == 0 ]]; then
+      PHASE[ranks]+="mpirun -np 2 mnist_train --device cuda --model $model: $steps steps, replicas identical at every 20th step and the end, ${ips%.*} img/s. "
+    else
+      TESTS_RC=2
+      PHASE[ranks]+="mpirun -np 2 --model $model: FAILED (exit $rc): $(grep -iE 'error|replica|differ' "$LOGS/ranks-$model.log" | head -n 2 | tr '\n' ' '). "
+    fi
+    log "ranks on one GPU, $model: exit $rc"
+  done
+  bench_specs=("2|staged" "1|both")
+  [[ "$DEVICE" == cpu ]] && bench_specs=("2|ring" "1|both")  # testing this script without a GPU
+  for spec in "${bench_specs[@]}"; do
+    IFS='|' read -r np backend <<<"$spec"
+    rt timeout "$(limit 120)" "$MPIRUN" -np "$np" "${MPI_FLAGS[@]}" "$BUILD/allreduce_bench" --device "$DEVICE" \
+      --backend "$backend" -b 1M -e 1G -f 4 -n 5 -w 2 -c 1 --csv "$LOGS/allreduce_np${np}_$backend.csv" \
+      >"$LOGS/allreduce-np$np-$backend.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || TESTS_RC=2
+    PHASE[ranks]+="allreduce_bench -np $np --backend $backend 1M-1G: $([[ $rc == 0 ]] && echo "ok, checked" || echo "FAILED (exit $rc)"). "
+    log "allreduce_bench np $np $backend: exit $rc"
+  done
+  if [[ -x "$BUILD/nccl_ring_test" ]]; then
+    rt timeout "$(limit 60)" "$BUILD/nccl_ring_test" >"$LOGS/nccl_ring_np1.log" 2>&1
+    rc=$?
+    [[ $rc == 0 || ($rc == 77 && "$DEVICE" == cpu) ]] || TESTS_RC=2
+    PHASE[ranks]+="nccl_ring_test, 1 rank: $(case $rc in 0) echo passed ;; 77) echo "skipped: $(grep -m1 SKIPPED "$LOGS/nccl_ring_np1.log")" ;; *) echo "FAILED (exit $rc)" ;; esac)."
+  fi
+elif [[ "$HAVE_RT" == 1 ]]; then
+  PHASE[ranks]="not run: no mpirun (none on PATH, none carried)"
+fi
 
 # ------------------------------------------------------------------ timings
 BENCH_RC=0
@@ -559,11 +729,13 @@ PY
   ringtrain_run() {
     local name="$1" flags="$2" batch="$3" steps="$4" round="$5" tag="$6"
     local base="ringtrain-$name-b$batch-r$round-$tag" rc
+    mem_start "$LOGS/$base.mem"
     # shellcheck disable=SC2086 # FLAGS is a word list on purpose
     rt timeout "$(limit 90)" "$BUILD/mnist_train" --device "$DEVICE" --data-dir "$DATA_DIR" $flags \
       --batch-size "$batch" --steps "$steps" "${OPT[@]}" --log-every 0 --eval-every 0 \
       --metrics-out "$LOGS/$base.jsonl" >"$LOGS/$base.log" 2>&1
     rc=$?
+    mem_stop "$LOGS/$base.mem" >"$LOGS/$base.mempeak"
     if [[ $rc != 0 ]]; then
       log "ringtrain $name batch $batch ($tag, $steps steps): FAILED (exit $rc): $(grep -iE 'error|fail|what' "$LOGS/$base.log" | tail -n 2 | tr '\n' ' ')"
       return 1
@@ -572,7 +744,7 @@ PY
     read -r run_steps start_step step_ms images_per_sec < <(python3 \
       "$ROOT/scripts/summary_field.py" "$LOGS/$base.jsonl" steps start_step step_ms \
       images_per_sec) || return 1
-    echo "$((run_steps - start_step)) $step_ms $images_per_sec"
+    echo "$((run_steps - start_step)) $step_ms $images_per_sec $(cat "$LOGS/$base.mempeak")"
   }
   # steps_for SECONDS SHORT_MS SHORT_STEPS LONG_MS LONG_STEPS: steps that train for about SECONDS.
   # Without a long run (LONG_STEPS 0): from the short run's mean step, warm-up included (too
@@ -609,7 +781,7 @@ PY
     cfgs="$(for cfg in "${CONFIGS[@]}"; do IFS='|' read -r name _ batch <<<"$cfg"; printf '%s:%s\n' "${name%%+*}" "$batch"; done | awk '!seen[$0]++' | paste -sd, -)"
     PYTHONUNBUFFERED=1 timeout "$(limit 150)" "$PY" "$ROOT/scripts/bench_gpu_torch.py" --device "$DEVICE" \
       --configs "$cfgs" --data-dir "$DATA_DIR" --seconds "$SECONDS_PER_RUN" --reps 1 --warmup 30 \
-      --momentum "$MOMENTUM" --lr 0.01 --seed 42 \
+      --momentum "$MOMENTUM" --lr 0.01 --seed 42 --idle-mem-mib "${GPU_MEM_IDLE:-0}" \
       >"$LOGS/pytorch-r$round.csv" 2>"$LOGS/pytorch-r$round.log"
     rc=$?
     [[ -z "$TORCH_INFO" ]] && TORCH_INFO="$(grep -m1 '^# bench_gpu_torch:' "$LOGS/pytorch-r$round.log" | sed 's/^# bench_gpu_torch: //')"
@@ -624,7 +796,7 @@ try:
 except OSError:
     rows = []
 for r in rows:
-    print(f"pytorch,{r['model']},{r['batch']},{sys.argv[2]},{r['steps']},{r['images_per_sec']},{r['step_ms']},ok")
+    print(f"pytorch,{r['model']},{r['batch']},{sys.argv[2]},{r['steps']},{r['images_per_sec']},{r['step_ms']},ok,{r.get('gpu_mem_mib', '')}")
 PY
     log "PyTorch round $round: $(grep -vc '^framework' "$LOGS/pytorch-r$round.csv" 2>/dev/null || true) configurations timed"
     if [[ "$HAVE_RT" == 1 ]]; then
@@ -634,7 +806,7 @@ PY
         if (($(left) < 40)); then log "timings: budget spent, skipping ringtrain $key"; BENCH_RC=3; continue; fi
         # short run: warm-up reference (and, in round 1, the calibration of the long run's steps)
         if ! short="$(ringtrain_run "$name" "$flags" "$batch" "$SHORT_STEPS" "$round" short)"; then
-          echo "ringtrain,$name,$batch,$round,$SHORT_STEPS,,,failed" >>"$RESULTS"; BENCH_RC=3; continue
+          echo "ringtrain,$name,$batch,$round,$SHORT_STEPS,,,failed," >>"$RESULTS"; BENCH_RC=3; continue
         fi
         read -r s_steps s_ms _ <<<"$short"
         # the long run: sized in round 1 from the short run, then, while it trains for less than
@@ -650,7 +822,7 @@ PY
           if ! long="$(ringtrain_run "$name" "$flags" "$batch" "$n" "$round" long)"; then
             long=""; break
           fi
-          read -r l_steps l_ms l_ips <<<"$long"
+          read -r l_steps l_ms l_ips l_mem <<<"$long"
           more="$(steps_for "$SECONDS_PER_RUN" "$s_ms" "$s_steps" "$l_ms" "$l_steps")"
           if [[ "$fresh" == 1 && $tries -lt 2 && "$more" -gt "$n" ]] && (($(left) > 45)); then
             log "ringtrain $name batch $batch: $n steps, warm-up excluded, took under half of ${SECONDS_PER_RUN} s; again with $more"
@@ -659,15 +831,15 @@ PY
           break
         done
         if [[ -z "$long" ]]; then
-          echo "ringtrain,$name,$batch,$round,$n,,,failed" >>"$RESULTS"; BENCH_RC=3; continue
+          echo "ringtrain,$name,$batch,$round,$n,,,failed," >>"$RESULTS"; BENCH_RC=3; continue
         fi
         steady="$(python3 -c "
 import sys
 ls, lms, ss, sms, b = map(float, sys.argv[1:6])
 dt = (ls * lms - ss * sms) / 1000.0
 print(f'{(ls - ss) * b / dt:.1f}' if dt > 0 and ls > ss else '')" "$l_steps" "$l_ms" "$s_steps" "$s_ms" "$batch")"
-        echo "ringtrain,$name,$batch,$round,$l_steps,$l_ips,$l_ms,ok" >>"$RESULTS"
-        echo "ringtrain-steady,$name,$batch,$round,$((l_steps - s_steps)),$steady,,ok" >>"$RESULTS"
+        echo "ringtrain,$name,$batch,$round,$l_steps,$l_ips,$l_ms,ok,${l_mem:-}" >>"$RESULTS"
+        echo "ringtrain-steady,$name,$batch,$round,$((l_steps - s_steps)),$steady,,ok," >>"$RESULTS"
         log "ringtrain $name batch $batch round $round: $(printf '%.0f' "$l_ips") img/s over $l_steps steps (all timed), ${steady%.*} img/s without warm-up"
       done
     fi
@@ -689,10 +861,10 @@ if [[ -n "$GPU_NAME" && "${HAVE_RT:-0}" == 1 ]]; then
     # shellcheck disable=SC2086 # FLAGS is a word list on purpose
     rt timeout "$(limit 60)" "$BUILD/mnist_train" --device "$DEVICE" --data-dir "$DATA_DIR" $flags \
       --batch-size 128 --steps 30 "${OPT[@]}" --log-every 0 --eval-every 0 \
-      --timeline "$OUTDIR/profile-$name.json" >"$LOGS/profile-$name.log" 2>&1 &&
-      python3 "$ROOT/scripts/scaling_model.py" profile "$OUTDIR/profile-$name.json" \
-        >"$OUTDIR/profile-$name.profile" 2>>"$LOGS/profile-$name.log"
-    log "profile $name: $([[ -s "$OUTDIR/profile-$name.profile" ]] && echo "ok: $OUTDIR/profile-$name.profile" || echo "FAILED: see logs/profile-$name.log")"
+      --timeline "$LOGS/profile-$name.json" >"$LOGS/profile-$name.log" 2>&1 &&
+      python3 "$ROOT/scripts/scaling_model.py" profile "$LOGS/profile-$name.json" \
+        >"$LOGS/profile-$name.profile" 2>>"$LOGS/profile-$name.log"
+    log "profile $name: $([[ -s "$LOGS/profile-$name.profile" ]] && echo "ok: $LOGS/profile-$name.profile" || echo "FAILED: see logs/profile-$name.log")"
   done
 fi
 
@@ -709,14 +881,29 @@ export GC_DATE GC_DEVICE GC_ELAPSED GC_HOST GC_GIT GC_DRIVER GC_NVCC GC_GPU="${G
   GC_DATA="${DATA_LABEL:-none}" GC_TORCH="${TORCH_INFO:-not run}" GC_SECONDS="$SECONDS_PER_RUN" \
   GC_REPS="$REPS" GC_MOMENTUM="$MOMENTUM" \
   GC_BUILD="${PHASE[build]}" GC_TESTS="${PHASE[gpu_tests]}" GC_CTEST="${PHASE[gpu_ctest]}" \
-  GC_SMOKE="${PHASE[cpu_smoke]}" GC_DEPS="${DEPS_MISSING:-none}" GC_TIMINGS="${PHASE[timings]}" GC_SHORT="$SHORT_STEPS"
+  GC_SMOKE="${PHASE[cpu_smoke]}" GC_DEPS="${DEPS_MISSING:-none}" GC_TIMINGS="${PHASE[timings]}" GC_SHORT="$SHORT_STEPS" \
+  GC_PARITY="${PHASE[parity]}" GC_EPOCH="${PHASE[epoch]}" GC_RANKS="${PHASE[ranks]}" GC_MEM_IDLE="${GPU_MEM_IDLE:-?}"
 python3 - "$RESULTS" >"$OUTDIR/gpu_check.md" <<'PY'
 import csv, os, statistics, sys
 e = os.environ
 runs = {}
+mems = {}
 for r in csv.DictReader(open(sys.argv[1])):
     if r["status"] == "ok" and r["images_per_sec"]:
         runs.setdefault((r["model"], int(r["batch"])), {}).setdefault(r["side"], []).append(float(r["images_per_sec"]))
+    if r["status"] == "ok" and r.get("gpu_mem_mib"):
+        mems.setdefault((r["model"], int(r["batch"])), {}).setdefault(r["side"], []).append(float(r["gpu_mem_mib"]))
+def mem(key, side):
+    v = mems.get(key, {}).get(side, [])
+    return f"{max(v):,.0f}" if v else "-"
+def target_for(base, variants, batch):
+    """The issue's targets: 3x PyTorch eager for the launch-bound mlp and cnn at batch 128 with
+    graphs and data on the GPU; 1x for the GEMM-bound wide MLP."""
+    if base == "mlp-wide":
+        return 1.0
+    if batch == 128 and "graphs" in variants and "gpudata" in variants:
+        return 3.0
+    return None
 def cell(v):
     if not v:
         return "-"
@@ -735,13 +922,17 @@ out += [f"- Date: {e['GC_DATE']}; host {e['GC_HOST']}; ringtrain {e['GC_GIT']}",
         f"- Build (-DRINGTRAIN_CUDA=ON, build-gpu-check/): {e['GC_BUILD']}",
         f"- GPU tests (ringtrain_gpu_tests): {e['GC_TESTS']}",
         f"- Other GPU tests under ctest: {e['GC_CTEST']}",
+        f"- GPU equals CPU (50 steps, max |gpu - cpu| <= 1e-3): {e['GC_PARITY'] or 'not run'}",
+        f"- One epoch, test accuracy within 0.3 points: {e['GC_EPOCH'] or 'not run'}",
+        f"- Ranks on one GPU: {e['GC_RANKS'] or 'not run'}",
         *([f"- No GPU: {e['GC_SMOKE']}"] if e.get("GC_SMOKE") else []),
         f"- Timings: {e['GC_TIMINGS']}; whole script {e['GC_ELAPSED']} s",
         ""]
 if runs:
     out += ["| model | batch | ringtrain img/s | PyTorch eager img/s | ratio | target | met? "
-            "| ringtrain img/s, warm-up excluded | its ratio |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| ringtrain img/s, warm-up excluded | its ratio | ringtrain ms/step "
+            "| GPU MiB ringtrain / PyTorch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {"mlp": 0, "cnn": 1, "mlp-wide": 2}
     variant_flags = {"graphs": "--cuda-graphs", "gpudata": "--data-on-gpu",
                      "cudnn": "--conv-impl cudnn"}
@@ -753,13 +944,16 @@ if runs:
         torch = runs.get((base, batch), {}).get("pytorch", [])
         ratio = statistics.median(ours) / statistics.median(torch) if ours and torch else None
         ratio2 = statistics.median(steady) / statistics.median(torch) if steady and torch else None
-        target = "1.5x" if batch == 128 else "-"
-        met = "-" if ratio is None or batch != 128 else ("yes" if ratio >= 1.5 else "no")
+        goal = target_for(base, variants, batch)
+        target = f"{goal:g}x" if goal else "-"
+        met = "-" if ratio is None or goal is None else ("yes" if ratio >= goal else "no")
+        ms = f"{batch * 1000.0 / statistics.median(ours):.3f}" if ours else "-"
         name = " ".join(["mlp --hidden 4096,4096" if base == "mlp-wide" else base]
                         + [variant_flags.get(v, "+" + v) for v in variants])
         out.append(f"| {name} | {batch} | {cell(ours)} | {cell(torch)} | "
                    f"{f'{ratio:.2f}x' if ratio else '-'} | {target} | {met} | {cell(steady)} | "
-                   f"{f'{ratio2:.2f}x' if ratio2 else '-'} |")
+                   f"{f'{ratio2:.2f}x' if ratio2 else '-'} | {ms} | "
+                   f"{mem((model, batch), 'ringtrain')} / {mem((base, batch), 'pytorch')} |")
     out += ["",
             f"Medians over rounds (min-max in brackets). Each round runs every configuration once on "
             f"each side, PyTorch first. ringtrain: `mnist_train --device cuda` with "
@@ -769,11 +963,20 @@ if runs:
             f"having {e['GC_SHORT']} steps. PyTorch: scripts/bench_gpu_torch.py, eager mode, data "
             f"on the GPU before timing, 30 untimed warm-up steps, then about {e['GC_SECONDS']} s "
             f"between torch.cuda.synchronize() calls. The ratio and the target use ringtrain's "
-            f"own figure (warm-up included), the stricter of the two."]
+            f"own figure (warm-up included), the stricter of the two. Targets: 3x for the mlp "
+            f"and cnn at batch 128 with --cuda-graphs --data-on-gpu, 1x for the wide MLP. GPU "
+            f"MiB: the device's memory in use less the idle {e['GC_MEM_IDLE']} MiB, the CUDA "
+            f"context included: ringtrain's peak of nvidia-smi's memory.used sampled every "
+            f"100 ms through its long runs; PyTorch's total - free after its timed windows."]
 else:
     out.append("No timing completed: see gpu_check.log.")
 print("\n".join(out))
 PY
+# allreduce_bench's tables, as it printed them
+for f in "$LOGS"/allreduce-np*.log; do
+  [[ -f "$f" ]] || continue
+  { echo; echo "## $(basename "$f" .log)"; echo; echo '```'; cat "$f"; echo '```'; } >>"$OUTDIR/gpu_check.md"
+done
 tee -a "$MAINLOG" <"$OUTDIR/gpu_check.md" >&2
 log "wrote $OUTDIR/gpu_check.md, gpu_check.csv, gpu_check.log, gpu_check_logs.tar.gz"
 
