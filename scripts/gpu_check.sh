@@ -277,6 +277,11 @@ find_lib() {
       [[ -f "$f" ]] && { echo "$f"; return 0; }
     done
   done
+  find_wheel_lib "$name" "$soname"
+}
+# find_wheel_lib NAME SONAME: the library in PyTorch's nvidia-* wheels
+find_wheel_lib() {
+  local name="$1" soname="$2" d f mod
   for mod in "nvidia.$name" nvidia.cu13 nvidia; do
     while IFS= read -r d; do
       f="$(find "$d" -maxdepth 3 \( -name "lib$name.so" -o -name "$soname" \) 2>/dev/null | sort | head -n1)"
@@ -285,15 +290,26 @@ find_lib() {
   done
   return 1
 }
-# find_header FILE [LIBFILE]: a directory holding FILE: beside LIBFILE's wheel, usual places, carry
+# find_header FILE [LIBFILE [NO_CARRY]]: a directory holding FILE: beside LIBFILE's wheel, usual
+# places, then (unless NO_CARRY is given) the carried headers
 find_header() {
-  local file="$1" lib="${2:-}" d
+  local file="$1" lib="${2:-}" no_carry="${3:-}" d
   if [[ -n "$lib" && -f "$(dirname "$(dirname "$lib")")/include/$file" ]]; then
     dirname "$(dirname "$lib")" | sed 's|$|/include|'; return 0
   fi
   for d in "$CUDA_ROOT/include" "$CUDA_ROOT/targets/x86_64-linux/include" /usr/include \
-    /usr/local/include ${CARRY:+"$CARRY/include"}; do
+    /usr/local/include; do
     [[ -f "$d/$file" ]] && { echo "$d"; return 0; }
+  done
+  [[ -z "$no_carry" ]] || return 1
+  # CMake refuses include directories inside the source tree (the carry is there): a copy in
+  # the build directory's state
+  for d in ${CARRY:+"$CARRY/include"}; do
+    if [[ -f "$d/$file" ]]; then
+      mkdir -p "$STATE/include"
+      cp -a "$d"/. "$STATE/include/"
+      echo "$STATE/include"; return 0
+    fi
   done
   return 1
 }
@@ -321,6 +337,17 @@ for dep in nccl cudnn; do
   lib_var="RINGTRAIN_${upper}_LIBRARY"; inc_var="RINGTRAIN_${upper}_INCLUDE"
   lib="${!lib_var:-}"; inc="${!inc_var:-}"
   [[ -n "$lib" ]] || lib="$(find_lib "$dep" "$soname" || true)"
+  [[ -n "$inc" ]] || inc="$(find_header "$header" "$lib" no-carry || true)"
+  # A library without its header here (a system cuDNN without cudnn.h, say): a wheel's library
+  # that ships its own header wins over pairing it with the carried header of another version.
+  if [[ -z "${!lib_var:-}" && -z "$inc" ]]; then
+    wlib="$(find_wheel_lib "$dep" "$soname" || true)"
+    winc="$([[ -n "$wlib" ]] && find_header "$header" "$wlib" no-carry || true)"
+    if [[ -n "$wlib" && -n "$winc" && "$winc" == "$(dirname "$(dirname "$wlib")")/include" ]]; then
+      log "$upper: ${lib:-no library} without a header here; the wheel's $wlib with its headers instead"
+      lib="$wlib"; inc="$winc"
+    fi
+  fi
   [[ -n "$inc" ]] || inc="$(find_header "$header" "$lib" || true)"
   if [[ -z "$lib" || -z "$inc" ]]; then
     log "$upper: library '${lib:-not found}', header directory '${inc:-not found}': the configure step will fail"
@@ -354,13 +381,20 @@ if ! compgen -G "$CUDA_ROOT/lib*/libcublas.so*" >/dev/null &&
   done
 fi
 
-# A carried root: Debian packages unpacked with dpkg -x (scripts/gpu_carry.sh)
+# A carried root: Debian packages unpacked with dpkg -x (scripts/gpu_carry.sh). Where the system
+# has a working MPI, the carried Open MPI stays packed: its libraries would shadow the system's
+# (which the system's mpirun matches) in the build and at run time.
+SYSTEM_MPI=0
+command -v mpicxx >/dev/null 2>&1 && { mpicxx --showme:version || mpicxx -show; } >/dev/null 2>&1 && SYSTEM_MPI=1
 SYSROOT=""
 if [[ -n "$CARRY" ]] && compgen -G "$CARRY/debs/*.deb" >/dev/null; then
   SYSROOT="$STATE/sysroot"
   rm -rf "$SYSROOT"
   mkdir -p "$SYSROOT"
   for deb in "$CARRY"/debs/*.deb; do
+    if [[ "$SYSTEM_MPI" == 1 ]] && [[ "$(basename "$deb")" =~ ^(libopenmpi|openmpi|libpmix|libhwloc|libevent|libudev) ]]; then
+      continue
+    fi
     if command -v dpkg-deb >/dev/null; then
       dpkg-deb -x "$deb" "$SYSROOT" || log "warning: dpkg-deb -x $deb failed"
     else  # no dpkg: a .deb is an ar archive holding data.tar.*
@@ -379,13 +413,13 @@ if [[ -n "$CARRY" ]] && compgen -G "$CARRY/debs/*.deb" >/dev/null; then
   done
   PREFIXES+=("$SYSROOT/usr")
   RT_LIBPATH+=("$ARCHLIB")
-  log "carried root: $(find "$CARRY/debs" -name '*.deb' | wc -l) packages from $CARRY/debs unpacked into $SYSROOT"
+  log "carried root: $(find "$CARRY/debs" -name '*.deb' | wc -l) packages from $CARRY/debs unpacked into $SYSROOT$([[ "$SYSTEM_MPI" == 1 ]] && echo ", less Open MPI's (the system has an MPI)")"
 fi
 
 # MPI: a working mpicxx on PATH, else $RINGTRAIN_MPI_ROOT, else the carried root
 MPI_ENV=()
 mpi_root=""
-if command -v mpicxx >/dev/null 2>&1 && { mpicxx --showme:version || mpicxx -show; } >/dev/null 2>&1; then
+if [[ "$SYSTEM_MPI" == 1 ]]; then
   CMAKE_ARGS+=(-DMPI_CXX_COMPILER="$(command -v mpicxx)")
   log "MPI: $(command -v mpicxx) ($(mpicxx --showme:version 2>&1 | head -n1))"
 else
@@ -459,11 +493,11 @@ if [[ "$SKIP_BUILD" == 0 && "${GPU_CHECK_BUILD_HERE:-0}" != 1 && -n "$CARRY" && 
   done
   if [[ -z "$why" ]]; then
     rt timeout 30 "$BUILD/mnist_train" --help >"$LOGS/prebuilt_help.log" 2>&1 || why+="mnist_train --help failed: $(tail -n 2 "$LOGS/prebuilt_help.log" | tr '\n' ' '); "
-    # exit 77 (no GPU visible) also shows that it loaded and ran
     rt timeout 30 "$BUILD/tests/gpu/ringtrain_gpu_tests" --list-test-names-only >"$LOGS/prebuilt_list.log" 2>&1
-    rc=$?
-    [[ $rc == 0 || $rc == 77 ]] ||
+    rc=$?  # Catch2 v2 exits with the number of tests listed
+    if ((rc >= 124)) || grep -qE 'error while loading shared libraries|symbol lookup error' "$LOGS/prebuilt_list.log"; then
       why+="ringtrain_gpu_tests --list-test-names-only failed (exit $rc): $(tail -n 2 "$LOGS/prebuilt_list.log" | tr '\n' ' '); "
+    fi
   fi
   if [[ -z "$why" ]]; then
     PREBUILT=1; BUILD_RC=0
@@ -701,10 +735,10 @@ TORCH_INFO=""
 if [[ -z "$GPU_NAME" ]]; then
   PHASE[timings]="not run (no GPU)"
 elif [[ "$BUILD_RC" != 0 || ! -x "$BUILD/mnist_train" ]]; then
-  PHASE[timings]="ringtrain not run (no build); PyTorch runs alone"
+  PHASE[timings]="not run (no build: PyTorch alone would give no ratio)"
   BENCH_RC=3
 fi
-if [[ -n "$GPU_NAME" ]]; then
+if [[ -n "$GPU_NAME" && "$BUILD_RC" == 0 && -x "$BUILD/mnist_train" ]]; then
   if [[ -z "$DATA_DIR" ]]; then
     DATA_DIR="$WORK/synthetic"
     DATA_LABEL="synthetic IDX files (random uint8 images and labels, MNIST's shape), written by gpu_check"
