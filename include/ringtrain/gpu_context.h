@@ -56,8 +56,8 @@ void set_current_gpu(int gpu);
 void wait_for_stream(StreamHandle stream, ProgressBoard* board, const char* what,
                      double timeout_s = 0);
 
-// The NCCL this binary was built against, "2.28.3", for reports (allreduce_bench's preamble);
-// the CPU-only build's stub throws.
+// The NCCL library loaded at run time, "2.28.3", or "2.28.3 (built with 2.28.9 headers)" when
+// the headers differ, for reports (allreduce_bench's preamble); the CPU-only build's stub throws.
 std::string nccl_version();
 
 }  // namespace ringtrain

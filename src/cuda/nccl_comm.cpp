@@ -63,7 +63,14 @@ Clock::time_point deadline_after(double seconds) {
 }  // namespace
 
 std::string nccl_version() {
-  return fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  // The library loaded at run time, which may differ from the headers built against (a system
+  // NCCL 2.28.3 under 2.28.9 headers, say): both are said when they differ.
+  const std::string headers = fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess || code <= 0) return headers + " (headers)";
+  // NCCL_VERSION(X, Y, Z) is X * 10000 + Y * 100 + Z since 2.9
+  const std::string library = fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  return library == headers ? library : fmt::format("{} (built with {} headers)", library, headers);
 }
 
 // ---- NcclComm ----
