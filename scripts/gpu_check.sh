@@ -586,7 +586,7 @@ if [[ "$BUILD_RC" == 0 ]]; then
     fi
   else
     PHASE[gpu_ctest]="none registered besides gpu_tests"
-    [[ "$PREBUILT" == 1 ]] && PHASE[gpu_ctest]="none (prebuilt programs, no ctest files): nccl_ring_test and allreduce_bench run under 'Ranks on one GPU'"
+    [[ "$PREBUILT" == 1 ]] && PHASE[gpu_ctest]="none (prebuilt programs, no ctest files): nccl_ring_test and allreduce_bench run under 'Two or more ranks'"
   fi
   log "ctest (other GPU tests): ${PHASE[gpu_ctest]}"
 fi
@@ -680,11 +680,15 @@ PY
   done
 fi
 
-# ------------------------------------------------------------------ ranks on one GPU
-# Two ranks sharing the one GPU (NCCL refuses two ranks on one device, so the ring runs
-# host-staged): training keeps the replicas bitwise identical (--check-replicas; exit 0 means
-# every check passed), and allreduce_bench's bus bandwidth from 1 MiB to 1 GiB, the staged ring
-# on 2 ranks and the NCCL ring against ncclAllReduce on 1 rank.
+# ------------------------------------------------------------------ ranks on the GPUs
+# Two ranks: on one GPU they share it (NCCL refuses two ranks on one device, so the ring runs
+# host-staged); on two or more each has its own and the ring runs over NCCL. Training keeps the
+# replicas bitwise identical (--check-replicas; exit 0 means every check passed). Then
+# allreduce_bench's bus bandwidth from 1 MiB to 1 GiB: with one GPU the staged ring on 2 ranks
+# and the NCCL ring against ncclAllReduce on 1 rank (which checks them, but moves nothing); with
+# G >= 2 GPUs the NCCL ring against ncclAllReduce on G ranks, their busbw ratio at 64 MiB and
+# above (the target: >= 0.8), and nccl_ring_test on G ranks and its timeout case on 2.
+GPU_COUNT="$(grep -c '^GPU ' "$LOGS/nvidia-smi-L.txt" 2>/dev/null || echo 0)"
 MPIRUN="$(command -v mpirun || true)"
 [[ -x "$STATE/bin/mpirun" ]] && MPIRUN="$STATE/bin/mpirun"
 MPI_FLAGS=(--oversubscribe --bind-to none --mca btl "self,vader" --mca btl_vader_single_copy_mechanism none)
@@ -704,9 +708,10 @@ if [[ "$HAVE_RT" == 1 && -n "$MPIRUN" && -n "$DATA_DIR" ]]; then
       TESTS_RC=2
       PHASE[ranks]+="mpirun -np 2 --model $model: FAILED (exit $rc): $(grep -iE 'error|replica|differ' "$LOGS/ranks-$model.log" | head -n 2 | tr '\n' ' '). "
     fi
-    log "ranks on one GPU, $model: exit $rc"
+    log "2 ranks on $GPU_COUNT GPU(s), $model: exit $rc"
   done
   bench_specs=("2|staged" "1|both")
+  ((GPU_COUNT >= 2)) && bench_specs=("$GPU_COUNT|both" "2|staged")
   [[ "$DEVICE" == cpu ]] && bench_specs=("2|ring" "1|both")  # testing this script without a GPU
   for spec in "${bench_specs[@]}"; do
     IFS='|' read -r np backend <<<"$spec"
@@ -716,8 +721,35 @@ if [[ "$HAVE_RT" == 1 && -n "$MPIRUN" && -n "$DATA_DIR" ]]; then
     rc=$?
     [[ $rc == 0 ]] || TESTS_RC=2
     PHASE[ranks]+="allreduce_bench -np $np --backend $backend 1M-1G: $([[ $rc == 0 ]] && echo "ok, checked" || echo "FAILED (exit $rc)"). "
+    if [[ $rc == 0 && "$backend" == both && "$np" -ge 2 ]]; then
+      ratio="$(python3 - "$LOGS/allreduce_np${np}_$backend.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if int(r["size_bytes"]) >= 64 << 20]
+bus = {}
+for r in rows:
+    bus.setdefault(int(r["size_bytes"]), {})[r["backend"]] = float(r["busbw_gbps"])
+parts = [f"{size >> 20} MiB {b['ring'] / b[other]:.2f}x" for size, b in sorted(bus.items())
+         for other in [k for k in b if k != "ring"] if b.get(other)]
+print(("ring / " + [k for k in next(iter(bus.values())) if k != "ring"][0] + " busbw: " + ", ".join(parts)) if parts else "no rows at 64 MiB and above")
+PY
+)"
+      PHASE[ranks]+="$ratio (target >= 0.8x). "
+      log "allreduce_bench np $np: $ratio"
+    fi
     log "allreduce_bench np $np $backend: exit $rc"
   done
+  if ((GPU_COUNT >= 2)) && [[ -x "$BUILD/nccl_ring_test" && "$DEVICE" == cuda ]]; then
+    rt timeout "$(limit 120)" "$MPIRUN" -np "$GPU_COUNT" "${MPI_FLAGS[@]}" "$BUILD/nccl_ring_test" \
+      >"$LOGS/nccl_ring_np$GPU_COUNT.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || TESTS_RC=2
+    PHASE[ranks]+="nccl_ring_test, $GPU_COUNT ranks: $([[ $rc == 0 ]] && echo passed || echo "FAILED (exit $rc)"). "
+    rt env RINGTRAIN_COMM_TIMEOUT_S=3 timeout "$(limit 60)" "$MPIRUN" -np 2 "${MPI_FLAGS[@]}" -x RINGTRAIN_COMM_TIMEOUT_S \
+      "$BUILD/nccl_ring_test" --expect-timeout >"$LOGS/nccl_ring_timeout_np2.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || TESTS_RC=2
+    PHASE[ranks]+="nccl_ring_test --expect-timeout, 2 ranks: $([[ $rc == 0 ]] && echo passed || echo "FAILED (exit $rc)"). "
+  fi
   if [[ -x "$BUILD/nccl_ring_test" ]]; then
     rt timeout "$(limit 60)" "$BUILD/nccl_ring_test" >"$LOGS/nccl_ring_np1.log" 2>&1
     rc=$?
@@ -958,7 +990,7 @@ out += [f"- Date: {e['GC_DATE']}; host {e['GC_HOST']}; ringtrain {e['GC_GIT']}",
         f"- Other GPU tests under ctest: {e['GC_CTEST']}",
         f"- GPU equals CPU (50 steps, max |gpu - cpu| <= 1e-3): {e['GC_PARITY'] or 'not run'}",
         f"- One epoch, test accuracy within 0.3 points: {e['GC_EPOCH'] or 'not run'}",
-        f"- Ranks on one GPU: {e['GC_RANKS'] or 'not run'}",
+        f"- Two or more ranks: {e['GC_RANKS'] or 'not run'}",
         *([f"- No GPU: {e['GC_SMOKE']}"] if e.get("GC_SMOKE") else []),
         f"- Timings: {e['GC_TIMINGS']}; whole script {e['GC_ELAPSED']} s",
         ""]
