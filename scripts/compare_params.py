@@ -18,17 +18,22 @@ from array import array
 MAGIC = b"RTPARAMS"
 
 
+def fail(message):
+    print(f"compare_params: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def load(path):
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise SystemExit(f"compare_params: cannot read {path}: {e.strerror}") from None
+        fail(f"cannot read {path}: {e.strerror}")
     if len(data) < 16 or data[:8] != MAGIC:
-        raise SystemExit(f"compare_params: {path} is not an RTPARAMS file (mnist_train --save-params)")
+        fail(f"{path} is not an RTPARAMS file (mnist_train --save-params)")
     (count,) = struct.unpack("<Q", data[8:16])
     if len(data) != 16 + 4 * count:
-        raise SystemExit(f"compare_params: {path} claims {count} values but holds {len(data)} bytes")
+        fail(f"{path} claims {count} values but holds {len(data)} bytes")
     values = array("f")
     values.frombytes(data[16:])
     if sys.byteorder != "little":
@@ -45,8 +50,7 @@ def main():
     args = p.parse_args()
     a, b = load(args.a), load(args.b)
     if len(a) != len(b):
-        print(f"compare_params: {args.a} holds {len(a)} values, {args.b} {len(b)}", file=sys.stderr)
-        return 2
+        fail(f"{args.a} holds {len(a)} values, {args.b} {len(b)}")
     worst, worst_at, total, diff_sq, ref_sq, nans = 0.0, 0, 0.0, 0.0, 0.0, 0
     for i, (x, y) in enumerate(zip(a, b)):
         if math.isnan(x) or math.isnan(y):

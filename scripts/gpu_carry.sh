@@ -130,7 +130,12 @@ if [[ -n "$BIN_FROM" ]]; then
     log "warning: $BIN_FROM was not configured with -DRINGTRAIN_CUDA=ON"
   grep -q '^RINGTRAIN_NATIVE:BOOL=OFF' "$BIN_FROM/CMakeCache.txt" 2>/dev/null ||
     log "warning: $BIN_FROM was not configured with -DRINGTRAIN_NATIVE=OFF: its programs may use instructions the GPU machine's CPU lacks"
-  echo "ringtrain $(git -C "$ROOT" describe --always --dirty 2>/dev/null), built $(date -u -r "$DIR/bin/mnist_train" '+%Y-%m-%d %H:%M UTC') in $BIN_FROM" >"$DIR/bin/BUILT"
+  # What the programs are: the version mnist_train carries (its build directory's git describe
+  # when it was configured), when it was linked, and the checkout that packed it.
+  built_from="$(find "$BIN_FROM" -name mnist_train -type f -perm -u+x | head -n1)"
+  embedded="$(strings "$built_from" 2>/dev/null | grep -m1 -E '^[0-9]+\.[0-9]+\.[0-9]+\+'; true)"
+  [[ -n "$embedded" ]] || embedded=unknown
+  echo "ringtrain $embedded (git describe at configure time), linked $(date -u -r "$built_from" '+%Y-%m-%d %H:%M UTC') in $BIN_FROM, packed from a checkout at $(git -C "$ROOT" describe --always --dirty 2>/dev/null)" >"$DIR/bin/BUILT"
   log "programs from $BIN_FROM: $(du -sh "$DIR/bin" | cut -f1)"
 fi
 

@@ -18,7 +18,9 @@ namespace {
 // A float's magnitude as bits: non-negative floats order as their bits do, NaNs and infinities
 // above every finite value, and an integer max vectorises where a float max with NaN checks
 // does not.
-inline uint32_t magnitude_bits(float v) { return std::bit_cast<uint32_t>(v) & 0x7fffffffu; }
+inline uint32_t magnitude_bits(float v) {
+  return std::bit_cast<uint32_t>(v) & 0x7fffffffu;
+}
 constexpr uint32_t kInfinityBits = 0x7f800000u;
 
 // The kernel's vectors, written with intrinsics: an autovectoriser free to pick its loop
@@ -29,15 +31,29 @@ namespace simd {
 #if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
 using F = __m512;
-inline F zero() { return _mm512_setzero_ps(); }
-inline F load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-inline F broadcast(float x) { return _mm512_set1_ps(x); }
-inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+inline F zero() {
+  return _mm512_setzero_ps();
+}
+inline F load(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline void store(float* p, F v) {
+  _mm512_storeu_ps(p, v);
+}
+inline F broadcast(float x) {
+  return _mm512_set1_ps(x);
+}
+inline F fma(F a, F b, F c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
 // Eight int64 sums.
 using Sums = __m512i;
-inline Sums load_sums(const int64_t* p) { return _mm512_loadu_si512(p); }
-inline void store_sums(int64_t* p, Sums v) { _mm512_storeu_si512(p, v); }
+inline Sums load_sums(const int64_t* p) {
+  return _mm512_loadu_si512(p);
+}
+inline void store_sums(int64_t* p, Sums v) {
+  _mm512_storeu_si512(p, v);
+}
 // sums + the terms of values[0 .. 8).
 inline Sums add_terms8(Sums sums, const float* values, __m512d scale) {
   const __m512d magic = _mm512_set1_pd(0x1.8p52);
@@ -46,15 +62,27 @@ inline Sums add_terms8(Sums sums, const float* values, __m512d scale) {
       sums, _mm512_sub_epi64(_mm512_castpd_si512(rounded), _mm512_castpd_si512(magic)));
 }
 using Scale = __m512d;
-inline Scale scale_of(double scale) { return _mm512_set1_pd(scale); }
+inline Scale scale_of(double scale) {
+  return _mm512_set1_pd(scale);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kLanes = 8;
 using F = __m256;
-inline F zero() { return _mm256_setzero_ps(); }
-inline F load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-inline F broadcast(float x) { return _mm256_set1_ps(x); }
-inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+inline F zero() {
+  return _mm256_setzero_ps();
+}
+inline F load(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline void store(float* p, F v) {
+  _mm256_storeu_ps(p, v);
+}
+inline F broadcast(float x) {
+  return _mm256_set1_ps(x);
+}
+inline F fma(F a, F b, F c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
 struct Sums {
   __m256i half[2];
 };
@@ -67,11 +95,14 @@ inline void store_sums(int64_t* p, Sums v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 4), v.half[1]);
 }
 using Scale = __m256d;
-inline Scale scale_of(double scale) { return _mm256_set1_pd(scale); }
+inline Scale scale_of(double scale) {
+  return _mm256_set1_pd(scale);
+}
 inline Sums add_terms8(Sums sums, const float* values, Scale scale) {
   const __m256d magic = _mm256_set1_pd(0x1.8p52);
   for (int h = 0; h < 2; ++h) {
-    const __m256d rounded = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(values + 4 * h)), scale, magic);
+    const __m256d rounded =
+        _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(values + 4 * h)), scale, magic);
     sums.half[h] = _mm256_add_epi64(
         sums.half[h], _mm256_sub_epi64(_mm256_castpd_si256(rounded), _mm256_castpd_si256(magic)));
   }
@@ -82,14 +113,20 @@ constexpr int64_t kLanes = 4;
 struct F {
   float lane[kLanes];
 };
-inline F zero() { return F{}; }
+inline F zero() {
+  return F{};
+}
 inline F load(const float* p) {
   F v;
   std::copy(p, p + kLanes, v.lane);
   return v;
 }
-inline void store(float* p, F v) { std::copy(v.lane, v.lane + kLanes, p); }
-inline F broadcast(float x) { return F{{x, x, x, x}}; }
+inline void store(float* p, F v) {
+  std::copy(v.lane, v.lane + kLanes, p);
+}
+inline F broadcast(float x) {
+  return F{{x, x, x, x}};
+}
 inline F fma(F a, F b, F c) {
   for (int64_t l = 0; l < kLanes; ++l) c.lane[l] = std::fma(a.lane[l], b.lane[l], c.lane[l]);
   return c;
@@ -102,9 +139,13 @@ inline Sums load_sums(const int64_t* p) {
   std::copy(p, p + 8, v.lane);
   return v;
 }
-inline void store_sums(int64_t* p, Sums v) { std::copy(v.lane, v.lane + 8, p); }
+inline void store_sums(int64_t* p, Sums v) {
+  std::copy(v.lane, v.lane + 8, p);
+}
 using Scale = double;
-inline Scale scale_of(double scale) { return scale; }
+inline Scale scale_of(double scale) {
+  return scale;
+}
 inline Sums add_terms8(Sums sums, const float* values, Scale scale) {
   for (int l = 0; l < 8; ++l) sums.lane[l] += fixed_point_term(values[l], scale);
   return sums;
@@ -169,7 +210,8 @@ void weight_tile(const Rows& a, int64_t i, int64_t j, int64_t columns, const int
     // Eight columns at a time over every micro-shard, their sums in a register.
     for (int64_t c = 0; c < whole; c += 8) {
       simd::Sums sum = simd::load_sums(sums + c);
-      for (int64_t s = 0; s < a.shards; ++s) sum = simd::add_terms8(sum, row + s * kShardStep + c, scale);
+      for (int64_t s = 0; s < a.shards; ++s)
+        sum = simd::add_terms8(sum, row + s * kShardStep + c, scale);
       simd::store_sums(sums + c, sum);
     }
     for (int64_t s = 0; s < a.shards; ++s)
@@ -252,11 +294,10 @@ DenseShardTerms::DenseShardTerms(const Model& model, int64_t rows, int64_t local
       if (view.layer != i) continue;
       (weight == nullptr ? weight : bias) = &view;
     }
-    RINGTRAIN_CHECK(weight != nullptr && bias != nullptr &&
-                        weight->size == sizes->in * sizes->out && bias->size == sizes->out &&
-                        bias->offset == weight->offset + weight->size,
-                    "{}: its weights and bias are not laid out as [in, out] then [out]",
-                    model.layer_name(i));
+    RINGTRAIN_CHECK(
+        weight != nullptr && bias != nullptr && weight->size == sizes->in * sizes->out &&
+            bias->size == sizes->out && bias->offset == weight->offset + weight->size,
+        "{}: its weights and bias are not laid out as [in, out] then [out]", model.layer_name(i));
     Kept kept;
     kept.layer = i;
     kept.begin = weight->offset;
@@ -287,12 +328,12 @@ void DenseShardTerms::save(int layer, int64_t first_shard, const Tensor& x, cons
   RINGTRAIN_CHECK(it != kept_.end(), "layer {} is not one of the dense layers kept", layer);
   Kept& kept = *it;
   const int64_t rows = x.dim(0);
-  RINGTRAIN_CHECK(rows % rows_ == 0 && first_shard >= 0 && first_shard + rows / rows_ <= shards_ &&
-                      x.numel() == rows * kept.in && dy.numel() == rows * kept.out &&
-                      dy.dim(0) == rows,
-                  "save of layer {}: {} rows from micro-shard {} of {} ({} of {} rows), x {}, dy {}",
-                  layer, rows, first_shard, shards_, shards_, rows_, x.shape().str(),
-                  dy.shape().str());
+  RINGTRAIN_CHECK(
+      rows % rows_ == 0 && first_shard >= 0 && first_shard + rows / rows_ <= shards_ &&
+          x.numel() == rows * kept.in && dy.numel() == rows * kept.out && dy.dim(0) == rows,
+      "save of layer {}: {} rows from micro-shard {} of {} ({} micro-shards of {} "
+      "rows), x {}, dy {}",
+      layer, rows, first_shard, shards_, shards_, rows_, x.shape().str(), dy.shape().str());
   const int64_t stride = rows_ * shards_, first_row = first_shard * rows_;
   // x transposed, in blocks of columns so that both sides stay in cache.
   constexpr int64_t kBlock = 64;
@@ -330,7 +371,8 @@ int DenseShardTerms::bound(int64_t begin, int64_t end) const {
   const int64_t from = begin - kept.begin, to = end - kept.begin;
   const bool has_bias = to > weights;
   // max over the segment's weight rows of |x[k][i]|, per stacked row k
-  std::vector<uint32_t> x_max(static_cast<size_t>(stride), 0);
+  std::vector<uint32_t>& x_max = x_max_;
+  x_max.assign(static_cast<size_t>(stride), 0);
   if (from < weights) {
     const int64_t i0 = from / kept.out, i1 = (std::min(to, weights) + kept.out - 1) / kept.out;
     for (int64_t i = i0; i < i1; ++i) {
@@ -340,8 +382,9 @@ int DenseShardTerms::bound(int64_t begin, int64_t end) const {
             std::max(x_max[static_cast<size_t>(k)], magnitude_bits(column[k]));
     }
   }
-  // (m + 2) half-ulps: more than the fma chain's m roundings and the double sum's; 2^-149 per
-  // operation: a subnormal result's absolute rounding.
+  // (m + 2) 2^-23, that is 2 (m + 2) unit roundoffs (2^-24): more than the fma chain's m
+  // roundings and the double sum's; 2^-149 per operation: a subnormal result's absolute
+  // rounding.
   const double widen = 1.0 + static_cast<double>(rows_ + 2) * 0x1p-23;
   const double floor = static_cast<double>(rows_ + 1) * 0x1p-149;
   int result = kAllZeroBound;
@@ -355,12 +398,12 @@ int DenseShardTerms::bound(int64_t begin, int64_t end) const {
       weight_bound += static_cast<double>(std::bit_cast<float>(x_max[row])) * dy_max;
       bias_bound += dy_max;
     }
-    const double largest = std::max(from < weights ? weight_bound : 0.0,
-                                    has_bias ? bias_bound : 0.0);
+    const double largest =
+        std::max(from < weights ? weight_bound : 0.0, has_bias ? bias_bound : 0.0);
     if (largest == 0.0) continue;  // every dot product of this micro-shard is exactly zero
     int exponent = 0;
     (void)std::frexp(largest * widen + floor, &exponent);  // = f * 2^exponent, f in [0.5, 1)
-    if (exponent > 128) return kNonFiniteBound;  // could overflow float
+    if (exponent > 128) return kNonFiniteBound;            // could overflow float
     result = std::max(result, exponent);
   }
   return result;

@@ -160,8 +160,7 @@ void ExactGradSum::note_written(int64_t shard, int64_t begin, int64_t end) {
   // The last micro-shard lives in the model's buffer, which average() overwrites: its bounds
   // are read when its segments are averaged.
   RINGTRAIN_CHECK(dense_ == nullptr && 0 <= shard && shard + 1 < local_micro_shards_ &&
-                      0 <= begin && begin <= end &&
-                      end <= static_cast<int64_t>(sums_.size()),
+                      0 <= begin && begin <= end && end <= static_cast<int64_t>(sums_.size()),
                   "note_written of kept micro-shard {} of {}, [{}, {})", shard, local_micro_shards_,
                   begin, end);
   const float* base = shard_buffer(shard);

@@ -101,13 +101,13 @@ double forward_backward(Model& model, const Batch& batch, int64_t first, int64_t
     };
   }
   if (dense.terms != nullptr) {
-    model.backward_inputs(
-        workspace.dlogits, ctx, [&](int layer, const Tensor& x, const Tensor& dy) {
-          dense.terms->save(layer, dense.first_shard, x, dy);
-          if (!on_ready) return;
-          for (const GradRange& range : dense.ranges)
-            if (range.layer == layer) on_ready(range);
-        });
+    model.backward_inputs(workspace.dlogits, ctx,
+                          [&](int layer, const Tensor& x, const Tensor& dy) {
+                            dense.terms->save(layer, dense.first_shard, x, dy);
+                            if (!on_ready) return;
+                            for (const GradRange& range : dense.ranges)
+                              if (range.layer == layer) on_ready(range);
+                          });
   } else {
     model.backward(workspace.dlogits, ctx, on_ready);
   }
@@ -173,9 +173,12 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
       // which computes the micro-shards' weight gradients from them (dense_terms.h).
       RINGTRAIN_CHECK(ctx.threads == 1 && piece_rows == dense->micro_shard_rows(),
                       "stacked micro-shards of {} rows on {} Eigen threads: the exact sum keeps "
-                      "rows of {} micro-shards, on one thread",
+                      "micro-shards of {} rows, on one thread",
                       piece_rows, ctx.threads, dense->micro_shard_rows());
-      if (pass == 0) workspace.grad_ranges = model.grad_ranges();
+      if (workspace.grad_ranges_of != &model) {  // once: grad_ranges() allocates
+        workspace.grad_ranges = model.grad_ranges();
+        workspace.grad_ranges_of = &model;
+      }
       const RangeSink sink{.grads = grads.data(), .sync = last_pass ? sync : nullptr};
       loss_sum += forward_backward(
           model, batch, 0, rows, pieces, workspace, ctx, sink, &stats.correct,

@@ -70,8 +70,8 @@ float reference_value(const LayerRows& l, int64_t m, int64_t s, int64_t e) {
   if (e < l.in * l.out) {
     const int64_t i = e / l.out, j = e % l.out;
     for (int64_t k = 0; k < m; ++k)
-      value = std::fma(l.x.data()[(s * m + k) * l.in + i], l.dy.data()[(s * m + k) * l.out + j],
-                       value);
+      value =
+          std::fma(l.x.data()[(s * m + k) * l.in + i], l.dy.data()[(s * m + k) * l.out + j], value);
   } else {
     for (int64_t k = 0; k < m; ++k) value += l.dy.data()[(s * m + k) * l.out + (e - l.in * l.out)];
   }
@@ -99,7 +99,8 @@ TEST_CASE("dense terms: the kernel's sums are the definition's, for any cut of t
         for (int64_t e = 0; e < n; ++e) {
           received[static_cast<size_t>(e)] = static_cast<int64_t>(rng() % 1000) - 500;
           for (int64_t s = 0; s < shards; ++s)
-            expected[static_cast<size_t>(e)] += fixed_point_term(reference_value(l, m, s, e), scale);
+            expected[static_cast<size_t>(e)] +=
+                fixed_point_term(reference_value(l, m, s, e), scale);
         }
         // Whole, and cut at random places (partial rows, single elements, the bias alone).
         for (const bool random_cuts : {false, true}) {
@@ -160,7 +161,8 @@ TEST_CASE("dense terms: zeros, NaNs, infinities and overflow in the bound", "[ex
   constexpr int64_t m = 8;
   DenseShardTerms terms(*model, m, 1);
   auto layers = random_rows(*model, m, 5);
-  const LayerRows& first = layers.front();  // dense(784->40): segment [begin, begin + 784 * 40 + 40)
+  const LayerRows& first =
+      layers.front();  // dense(784->40): segment [begin, begin + 784 * 40 + 40)
   const int64_t end = first.begin + first.in * first.out + first.out;
   const auto save_all = [&] {
     for (const LayerRows& l : layers) terms.save(l.layer, 0, l.x, l.dy);
@@ -209,8 +211,8 @@ TEST_CASE("dense terms: the exact average has the same bits on 1 to 12 ranks", "
       sum.begin_step();
       for (const LayerRows& l : layers) {
         const int64_t first_row = comm.rank() * local * m;
-        const Tensor x = Tensor::view(const_cast<float*>(l.x.data()) + first_row * l.in,
-                                      Shape{local * m, l.in});
+        const Tensor x =
+            Tensor::view(const_cast<float*>(l.x.data()) + first_row * l.in, Shape{local * m, l.in});
         const Tensor dy = Tensor::view(const_cast<float*>(l.dy.data()) + first_row * l.out,
                                        Shape{local * m, l.out});
         sum.dense_terms()->save(l.layer, 0, x, dy);
@@ -226,26 +228,24 @@ TEST_CASE("dense terms: the exact average has the same bits on 1 to 12 ranks", "
     }
   }
   // And the average is the average of the micro-shards' values: within the float rounding of
-  // the result (2^-24 relative) plus the terms' rounding, half a unit of 2^-shift, where
-  // shift = 50 - ceil(log2 12) - bound and the bound is at most 8 bits above the layer's
-  // largest value (the test above): below largest * 2^-37.
-  for (const LayerRows& l : layers) {
-    const int64_t n_layer = l.in * l.out + l.out;
-    std::vector<long double> exact(static_cast<size_t>(n_layer), 0.0L);
-    long double largest = 0;
-    for (int64_t e = 0; e < n_layer; ++e) {
-      for (int64_t s = 0; s < shards; ++s) {
-        const float value = reference_value(l, m, s, e);
-        exact[static_cast<size_t>(e)] += value;
-        largest = std::max(largest, std::fabs(static_cast<long double>(value)));
-      }
-      exact[static_cast<size_t>(e)] /= shards;
-    }
-    for (int64_t e = 0; e < n_layer; ++e) {
-      const float got = reference[static_cast<size_t>(l.begin + e)];
-      const long double want = exact[static_cast<size_t>(e)];
+  // the result (2^-24 relative, with a little room for the double product before it) plus the
+  // terms' rounding, half a unit of 2^-shift each, so half a unit of 2^-shift in the average,
+  // where shift = fixed_point_shift(bound, 12) with this data's bound of the segment.
+  DenseShardTerms all(*model, m, shards);
+  for (const LayerRows& l : layers) all.save(l.layer, 0, l.x, l.dy);
+  for (const GradRange& segment : segments) {
+    const LayerRows* l = nullptr;
+    for (const LayerRows& candidate : layers)
+      if (candidate.layer == segment.layer) l = &candidate;
+    REQUIRE(l != nullptr);
+    const int shift = fixed_point_shift(all.bound(segment.begin, segment.end), shards);
+    for (int64_t e = segment.begin; e < segment.end; ++e) {
+      long double want = 0.0L;
+      for (int64_t s = 0; s < shards; ++s) want += reference_value(*l, m, s, e - l->begin);
+      want /= shards;
+      const float got = reference[static_cast<size_t>(e)];
       CHECK(std::fabs(static_cast<long double>(got) - want) <=
-            std::ldexp(std::fabs(want), -24) + std::ldexp(largest, -37));
+            std::ldexp(std::fabs(want), -24) * (1.0L + 0x1p-20L) + std::ldexp(1.0L, -shift - 1));
     }
   }
 }

@@ -16,11 +16,9 @@ Averaging make_averaging(const Options& o, const RunPlan& plan, MpiComm& comm, M
   const bool local_sgd = o.strategy == Strategy::kLocalSgd && comm.size() > 1;
   if (!plan.average_gradients && !local_sgd) return averaging;
   if (o.reproducible) {
-    averaging.exact_sum =
-        std::make_unique<ExactGradSum>(comm, model.grads().data(), model.grad_ranges(),
-                                       plan.micro_shards, plan.local_micro_shards, RingOptions{},
-                                       DenseShardTerms::make_for(model, o.micro_batch,
-                                                                 plan.local_micro_shards));
+    averaging.exact_sum = std::make_unique<ExactGradSum>(
+        comm, model.grads().data(), model.grad_ranges(), plan.micro_shards, plan.local_micro_shards,
+        RingOptions{}, DenseShardTerms::make_for(model, o.micro_batch, plan.local_micro_shards));
     averaging.allreduce = make_exact_allreduce(*averaging.exact_sum);
     spdlog::info(
         "--reproducible: the global batch of {} is {} micro-shards of {} rows, {} on each rank; "

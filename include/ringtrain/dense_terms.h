@@ -5,7 +5,7 @@
 // db = the column sums of dy. Under --reproducible every micro-shard's dw must be rounded to
 // fixed point on its own (exact_sum.h), which, done the obvious way, writes a full dw per
 // micro-shard and reads it back twice (for its bound, for its conversion): for the default
-// MLP at 8 micro-shards a rank, 20 MB written and read per step to produce 2.6 MB of sums.
+// MLP at 8 micro-shards a rank, 20 MB written and read per step to produce 5.2 MB of sums.
 // Here nothing of the kind is written: backward keeps each dense layer's x and dy (a few
 // rows wide), and the ring asks for the fixed-point sum of a run of gradients when it sends
 // them. Each of those is computed as
@@ -23,8 +23,8 @@
 // values (which are never written) but derived from the rows, for micro-shard s and a segment
 // of weight rows I (and the bias, where the segment holds it):
 //
-//   |dot_s[i][j]| <= sum_k |x_s[k][i]| |dy_s[k][j]| <= sum_k max_{i in I}|x_s[k][i]| max_j|dy_s[k][j]|
-//   |db_s[j]|     <= sum_k max_j |dy_s[k][j]|
+//   |dot_s[i][j]| <= sum_k |x_s[k][i]| |dy_s[k][j]| <= sum_k max_{i in I}|x_s[k][i]|
+//   max_j|dy_s[k][j]| |db_s[j]|     <= sum_k max_j |dy_s[k][j]|
 //
 // evaluated in double and widened by (1 + (m + 2) 2^-23) plus (m + 1) 2^-149 for the float
 // rounding of the fma chain (at most m half-ulps relative to the same sum, or a subnormal's
@@ -80,9 +80,10 @@ class DenseShardTerms {
     int layer = 0;
     int64_t begin = 0;  // the layer's weights [begin, begin + in * out), then its bias
     int64_t in = 0, out = 0;
-    std::vector<float> x_by_column;  // [in][shards * rows]: x_s[k][i] at i * shards * rows + s * rows + k
-    std::vector<float> dy;           // [shards * rows][out]
-    std::vector<float> dy_row_max;   // [shards * rows]: max_j |dy[k][j]|
+    std::vector<float>
+        x_by_column;        // [in][shards * rows]: x_s[k][i] at i * shards * rows + s * rows + k
+    std::vector<float> dy;  // [shards * rows][out]
+    std::vector<float> dy_row_max;  // [shards * rows]: max_j |dy[k][j]|
   };
   const Kept& kept_for(int64_t begin, int64_t end) const;
 
@@ -90,8 +91,10 @@ class DenseShardTerms {
   int64_t shards_;
   std::vector<Kept> kept_;  // one per dense layer, in buffer order
   // A tile's dot products of every micro-shard, between their computation and their terms.
-  // Scratch of terms(), which is not called concurrently (the ring runs on one thread).
+  // Scratch of terms() and bound(), which are not called concurrently (the ring runs on one
+  // thread): sized once, so that a step allocates nothing.
   mutable std::vector<float> dots_;
+  mutable std::vector<uint32_t> x_max_;  // bound(): per stacked row, the segment's max |x|
 };
 
 }  // namespace ringtrain

@@ -171,8 +171,8 @@ class ExactGradSum {
   // finish_terms' integer sums of one DenseShardTerms block, before their conversion. The
   // ring finishes one piece at a time, on one thread.
   mutable std::vector<int64_t> block_sums_;
-  // Without dense_: local_micro_shards - 1 buffers, Tensors for their alignment: 64 bytes, as the model's
-  // gradient buffer. Backward writes micro-shards into them, and Eigen's GEMMs can round
+  // Without dense_: local_micro_shards - 1 buffers, Tensors for their alignment: 64 bytes, as the
+  // model's gradient buffer. Backward writes micro-shards into them, and Eigen's GEMMs can round
   // differently into a buffer of another alignment (16-byte aligned buffers changed the bits
   // of the default MLP): every micro-shard must be computed at the same alignment.
   std::vector<Tensor> kept_grads_;

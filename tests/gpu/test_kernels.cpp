@@ -612,37 +612,47 @@ void reference_sgd(std::vector<float>& w, const std::vector<float>& grad, std::v
 
 // How far, per value, a CPU build that rounds each product of the fused reference's
 // fma(a, b, c) separately can drift from it, carried from step to step (first-order error
-// analysis, u = 2^-24 per rounding, in double). The drift can exceed any relative tolerance:
-// with weight decay, g = grad + wd * w may cancel to nearly 0, where one extra rounding of
-// wd * w changes g completely, and the update divides m ~ g by sqrt(v) + eps ~ eps.
+// analysis in double, u = 2^-24 per rounding, counting each side's own roundings of the same
+// operation: the two evaluations round different inputs). The drift can exceed any relative
+// tolerance: with weight decay, g = grad + wd * w may cancel to nearly 0, where one extra
+// rounding of wd * w changes g completely, and the update divides m ~ g by sqrt(v) + eps ~ eps.
 struct AdamDrift {
   std::vector<double> w, m, v;
   explicit AdamDrift(size_t n) : w(n, 0.0), m(n, 0.0), v(n, 0.0) {}
 };
 
-void add_adam_drift(AdamDrift& d, size_t i, float w_old, float grad, float m_old, float v_old,
-                    float g, float m, float v, float update, float w_new,
-                    const gpu::AdamConstants& k) {
+void add_adam_drift(AdamDrift& d, size_t i, float w_old, float m_old, float v_old, float g, float m,
+                    float v, float update, float w_new, const gpu::AdamConstants& k) {
   const double u = kUnitRoundoff;
   const double wd = k.weight_decay, b1 = k.beta1, c1 = k.one_minus_beta1, b2 = k.beta2,
                c2 = k.one_minus_beta2;
-  const double dg = wd * d.w[i] + 2 * u * (std::abs(wd * w_old) + std::abs(grad));
-  const double dm = b1 * d.m[i] + c1 * dg + 3 * u * (b1 * std::abs(m_old) + c1 * std::abs(g));
-  const double dv = b2 * d.v[i] + c2 * 2 * std::abs(g) * dg + c2 * dg * dg +
-                    4 * u * (b2 * v_old + c2 * static_cast<double>(g) * g);
-  // sqrt(v + e) - sqrt(v) <= min(sqrt(e), e / (2 sqrt(v)))
+  const double ag = std::abs(static_cast<double>(g));
+  // g: the separate product's rounding, and each side's rounding of the sum
+  const double dg = wd * d.w[i] + u * std::abs(wd * w_old) + 2 * u * ag;
+  // m = b1 m + fl(c1 g): the separate product b1 m, each side's c1 g and sum
+  const double dm = b1 * d.m[i] + c1 * dg + 3 * u * b1 * std::abs(m_old) + 4 * u * c1 * ag;
+  // v = b2 v + fl(g fl(c2 g)): the separate b2 v, each side's two products and sum
+  const double dv =
+      b2 * d.v[i] + c2 * (2 * ag * dg + dg * dg) + 3 * u * b2 * v_old + 6 * u * c2 * ag * ag;
+  // |sqrt(v') - sqrt(v)| for |v' - v| <= dv: at most dv / (sqrt(v) + sqrt(max(v - dv, 0)))
+  // and at most sqrt(dv); then each side's rounding of its square root.
   const double root = std::sqrt(static_cast<double>(v));
-  const double droot = v > 0 ? std::min(std::sqrt(dv), dv / (2 * root)) : std::sqrt(dv);
+  const double below = std::sqrt(std::max(static_cast<double>(v) - dv, 0.0));
+  const double droot =
+      (root + below > 0 ? std::min(std::sqrt(dv), dv / (root + below)) : std::sqrt(dv)) +
+      2 * u * root;
+  // denom = fl(inv_sqrt_bias2 sqrt(v)) + eps: the separate product and each side's sum
   const double denom = k.inv_sqrt_bias2 * root + k.epsilon;
   const double ddenom = k.inv_sqrt_bias2 * droot + 3 * u * denom;
-  // |m'/d' - m/d| <= (|m| dd + d dm) / (d (d - dd)) for dd < d
+  // update = fl(step_size m) / denom, each side rounding both: |m'/d' - m/d| <=
+  // (|m| dd + d dm) / (d (d - dd)) for dd < d
   const double dupdate = ddenom < denom ? k.step_size * (std::abs(m) * ddenom + denom * dm) /
                                                   (denom * (denom - ddenom)) +
-                                              2 * u * std::abs(update)
+                                              4 * u * std::abs(update)
                                         : HUGE_VAL;
   d.m[i] = dm;
   d.v[i] = dv;
-  d.w[i] = d.w[i] + dupdate + u * std::abs(w_new);
+  d.w[i] = d.w[i] + dupdate + 2 * u * std::abs(w_new);  // each side's rounding of w - update
 }
 
 void reference_adam(std::vector<float>& w, const std::vector<float>& grad, std::vector<float>& m,
@@ -661,11 +671,12 @@ void reference_adam(std::vector<float>& w, const std::vector<float>& grad, std::
     const float denom = std::fma(k.inv_sqrt_bias2, std::sqrt(vi), k.epsilon);
     const float update = numerator / denom;
     w[i] = w[i] - update;
-    add_adam_drift(drift, i, w_old, grad[i], m_old, v_old, g, mi, vi, update, w[i], k);
+    add_adam_drift(drift, i, w_old, m_old, v_old, g, mi, vi, update, w[i], k);
   }
 }
 
-// |actual - expected| <= 2 * bound + 1e-30 for every value (twice: first-order bounds).
+// |actual - expected| <= 2 * bound + 1e-30 for every value (twice: room for the second-order
+// terms that the first-order bounds leave out).
 void require_within(std::span<const float> actual, std::span<const float> expected,
                     std::span<const double> bound, const std::string& what) {
   REQUIRE(actual.size() == expected.size());
