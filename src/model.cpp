@@ -44,8 +44,10 @@ void Model::write_grads_to(float* buffer) {
 void Model::bind_layer_grads(int layer, float* base) {
   const auto& own = grad_tensors_[static_cast<size_t>(layer)];
   if (own.empty()) return;
-  std::vector<Tensor> grads;
-  grads.reserve(own.size());
+  // The layer copies the views it is given, so one scratch list serves every layer; it keeps
+  // its capacity, and rebinding (every micro-shard under --reproducible) allocates nothing.
+  std::vector<Tensor>& grads = bind_scratch_;
+  grads.clear();
   for (const Tensor& view : own)  // the same offset in `base` as in grads_
     grads.push_back(Tensor::view(base + (view.data() - grads_.data()), view.shape(), device_));
   layers_[static_cast<size_t>(layer)]->bind(param_tensors_[static_cast<size_t>(layer)], grads);
@@ -85,6 +87,7 @@ void Model::finalize(Device device) {
       grads.push_back(Tensor::view(grads_.data() + offset, specs[k].shape, device));
     }
     layers_[static_cast<size_t>(i)]->bind(params, grads);
+    bind_scratch_.reserve(std::max(bind_scratch_.capacity(), specs.size()));
   }
   // The input gradient of layer i is needed only if a layer before it has parameters.
   first_with_params_ = count;

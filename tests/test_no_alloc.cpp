@@ -10,6 +10,8 @@
 
 #include "ringtrain/allreduce.h"
 #include "ringtrain/data.h"
+#include "ringtrain/dense_terms.h"
+#include "ringtrain/exact_sum.h"
 #include "ringtrain/grad_sync.h"
 #include "ringtrain/model.h"
 #include "ringtrain/optim.h"
@@ -194,5 +196,53 @@ TEST_CASE("a steady-state host ring allreduce allocates nothing, on every wire",
       allocations[static_cast<size_t>(comm.rank())] = g_allocations;
     });
     CHECK(allocations == std::vector<long>{0, 0, 0});
+  }
+}
+
+TEST_CASE("a steady-state --reproducible step allocates nothing", "[train][exact]") {
+  set_cpu_threads(1);
+  // The mlp's micro-shards are stacked and its terms computed from the kept rows
+  // (DenseShardTerms); the cnn's micro-shards run one after another with kept gradients. Two
+  // ranks, so that the exact ring moves its terms; averaging on the stepping thread (no
+  // overlap), so that the counter (per thread) sees the exact sum's work too.
+  for (const char* name : {"mlp", "cnn"}) {
+    INFO(name);
+    constexpr int kRanks = 2;
+    constexpr int64_t kMicroBatch = 8, kLocalShards = 4;
+    std::vector<long> allocations(kRanks, -1);
+    run_ranks(kRanks, [&](Comm& thread_comm) {
+      UncountedTransport comm(thread_comm);
+      auto model = make_model({.name = name});
+      model->init_params(1);
+      auto opt = make_optimizer({.kind = "sgd", .momentum = 0.5f}, model->num_params());
+      Context ctx;
+      ExactGradSum exact(comm, model->grads().data(), model->grad_ranges(), kRanks * kLocalShards,
+                         kLocalShards, RingOptions{},
+                         DenseShardTerms::make_for(*model, kMicroBatch, kLocalShards));
+      const std::unique_ptr<Allreduce> allreduce = make_exact_allreduce(exact);
+      const std::unique_ptr<GradSync> sync =
+          make_grad_sync(model->grads().data(), model->grad_ranges(), *allreduce,
+                         {.first_bucket_elements = 1, .bucket_elements = 1, .overlap = false}, ctx);
+      StepWorkspace workspace;
+      workspace.exact_sum = &exact;
+      Batch batch;
+      const int64_t rows = kMicroBatch * kLocalShards;
+      batch.images = Tensor(Shape{rows, 28, 28, 1});
+      batch.labels.resize(static_cast<size_t>(rows));
+      const auto step = [&](int64_t s) {
+        for (int64_t i = 0; i < batch.images.numel(); ++i)
+          batch.images[i] = static_cast<float>((i * 7 + s + comm.rank()) % 256) / 255.0f;
+        for (int64_t r = 0; r < rows; ++r)
+          batch.labels[static_cast<size_t>(r)] = static_cast<int32_t>((r + s) % 10);
+        train_step(*model, *opt, batch, 0.01f, workspace, ctx, sync.get());
+      };
+      for (int64_t s = 0; s < 2; ++s) step(s);  // sizes every buffer
+      g_allocations = 0;
+      g_counting = true;
+      for (int64_t s = 2; s < 5; ++s) step(s);
+      g_counting = false;
+      allocations[static_cast<size_t>(comm.rank())] = g_allocations;
+    });
+    CHECK(allocations == std::vector<long>(kRanks, 0));
   }
 }

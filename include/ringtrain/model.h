@@ -123,6 +123,7 @@ class Model {
   std::vector<ParamView> views_;
   std::vector<std::vector<Tensor>> param_tensors_;         // per layer, views into params_
   std::vector<std::vector<Tensor>> grad_tensors_;          // per layer, views into grads_
+  std::vector<Tensor> bind_scratch_;                       // bind_layer_grads()'s list, reused
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer [begin, end)
   Tensor params_;
   Tensor grads_;
