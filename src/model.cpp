@@ -98,6 +98,7 @@ void Model::finalize(Device device) {
   // Empty tensors on the model's device: each layer's resize() allocates there.
   acts_.assign(static_cast<size_t>(count + 1), Tensor(device));
   dacts_.assign(static_cast<size_t>(count + 1), Tensor(device));
+  compute_grad_ranges();
   finalized_ = true;
 }
 
@@ -234,8 +235,9 @@ std::string Model::layer_name(int layer) const {
   return fmt::format("{}.{}", layer, layers_.at(static_cast<size_t>(layer))->name());
 }
 
-std::vector<GradRange> Model::grad_ranges() const {
-  std::vector<GradRange> ranges;
+void Model::compute_grad_ranges() {
+  std::vector<GradRange>& ranges = grad_ranges_;
+  ranges.clear();
   for (int i = num_layers() - 1; i >= 0; --i) {
     int64_t begin = layer_ranges_[static_cast<size_t>(i)].first;
     if (layer_ranges_[static_cast<size_t>(i)].second == begin) continue;
@@ -247,7 +249,6 @@ std::vector<GradRange> Model::grad_ranges() const {
                     "{}: grad_pieces() do not add up to its parameters",
                     layers_[static_cast<size_t>(i)]->name());
   }
-  return ranges;
 }
 
 std::string Model::signature() const {

@@ -175,14 +175,10 @@ StepStats compute_gradients(Model& model, std::span<const StepInput> passes,
                       "stacked micro-shards of {} rows on {} Eigen threads: the exact sum keeps "
                       "micro-shards of {} rows, on one thread",
                       piece_rows, ctx.threads, dense->micro_shard_rows());
-      if (workspace.grad_ranges_of != &model) {  // once: grad_ranges() allocates
-        workspace.grad_ranges = model.grad_ranges();
-        workspace.grad_ranges_of = &model;
-      }
       const RangeSink sink{.grads = grads.data(), .sync = last_pass ? sync : nullptr};
       loss_sum += forward_backward(
           model, batch, 0, rows, pieces, workspace, ctx, sink, &stats.correct,
-          DenseRows{.terms = dense, .first_shard = pass * pieces, .ranges = workspace.grad_ranges});
+          DenseRows{.terms = dense, .first_shard = pass * pieces, .ranges = model.grad_ranges()});
       continue;
     }
     for (int64_t piece = 0; piece < pieces; ++piece) {

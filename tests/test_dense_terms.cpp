@@ -65,6 +65,13 @@ std::vector<LayerRows> random_rows(const Model& model, int64_t rows, uint32_t se
 }
 
 // The definition, element by element: micro-shard s's gradient of layer element e.
+// The rows kept for `layer`, or null.
+const LayerRows* rows_of(const std::vector<LayerRows>& layers, int layer) {
+  for (const LayerRows& l : layers)
+    if (l.layer == layer) return &l;
+  return nullptr;
+}
+
 float reference_value(const LayerRows& l, int64_t m, int64_t s, int64_t e) {
   float value = 0.0f;
   if (e < l.in * l.out) {
@@ -134,9 +141,7 @@ TEST_CASE("dense terms: the bound holds every value, a few bits above the larges
       const auto layers = random_rows(*model, m * shards, seed, flat);
       for (const LayerRows& l : layers) terms.save(l.layer, 0, l.x, l.dy);
       for (const GradRange& segment : model->grad_ranges()) {
-        const LayerRows* l = nullptr;
-        for (const LayerRows& candidate : layers)
-          if (candidate.layer == segment.layer) l = &candidate;
+        const LayerRows* l = rows_of(layers, segment.layer);
         REQUIRE(l != nullptr);
         std::vector<float> values;
         for (int64_t s = 0; s < shards; ++s)
@@ -234,9 +239,7 @@ TEST_CASE("dense terms: the exact average has the same bits on 1 to 12 ranks", "
   DenseShardTerms all(*model, m, shards);
   for (const LayerRows& l : layers) all.save(l.layer, 0, l.x, l.dy);
   for (const GradRange& segment : segments) {
-    const LayerRows* l = nullptr;
-    for (const LayerRows& candidate : layers)
-      if (candidate.layer == segment.layer) l = &candidate;
+    const LayerRows* l = rows_of(layers, segment.layer);
     REQUIRE(l != nullptr);
     const int shift = fixed_point_shift(all.bound(segment.begin, segment.end), shards);
     for (int64_t e = segment.begin; e < segment.end; ++e) {

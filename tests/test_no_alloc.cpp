@@ -33,6 +33,15 @@ thread_local long g_allocations = 0;
 void count() {
   if (g_counting) ++g_allocations;
 }
+// The allocations `work` makes on this thread.
+template <typename Work>
+long allocations_during(Work&& work) {
+  g_allocations = 0;
+  g_counting = true;
+  work();
+  g_counting = false;
+  return g_allocations;
+}
 }  // namespace
 
 extern "C" {
@@ -110,11 +119,9 @@ TEST_CASE("a steady-state training step allocates nothing", "[train][timeline]")
           train_step(*model, *opt, batch, 0.01f, workspace, ctx, sync.get());
         };
         for (int64_t s = 0; s < 2; ++s) step(s);  // sizes every buffer
-        g_allocations = 0;
-        g_counting = true;
-        for (int64_t s = 2; s < 6; ++s) step(s);
-        g_counting = false;
-        CHECK(g_allocations == 0);
+        CHECK(allocations_during([&] {
+                for (int64_t s = 2; s < 6; ++s) step(s);
+              }) == 0);
         CHECK(reductions > 0);
         if (with_timeline) CHECK(timeline.events().size() > 0);
         model->set_backward_observer(nullptr);
@@ -189,11 +196,9 @@ TEST_CASE("a steady-state host ring allreduce allocates nothing, on every wire",
       std::vector<float> data(count);
       for (size_t i = 0; i < count; ++i)
         data[i] = static_cast<float>(i % 101) * 0.01f - 0.5f + static_cast<float>(comm.rank());
-      g_allocations = 0;
-      g_counting = true;
-      for (int run = 0; run < 3; ++run) allreduce->run(data.data(), count, ReduceOp::kAvg);
-      g_counting = false;
-      allocations[static_cast<size_t>(comm.rank())] = g_allocations;
+      allocations[static_cast<size_t>(comm.rank())] = allocations_during([&] {
+        for (int run = 0; run < 3; ++run) allreduce->run(data.data(), count, ReduceOp::kAvg);
+      });
     });
     CHECK(allocations == std::vector<long>{0, 0, 0});
   }
@@ -237,11 +242,9 @@ TEST_CASE("a steady-state --reproducible step allocates nothing", "[train][exact
         train_step(*model, *opt, batch, 0.01f, workspace, ctx, sync.get());
       };
       for (int64_t s = 0; s < 2; ++s) step(s);  // sizes every buffer
-      g_allocations = 0;
-      g_counting = true;
-      for (int64_t s = 2; s < 5; ++s) step(s);
-      g_counting = false;
-      allocations[static_cast<size_t>(comm.rank())] = g_allocations;
+      allocations[static_cast<size_t>(comm.rank())] = allocations_during([&] {
+        for (int64_t s = 2; s < 5; ++s) step(s);
+      });
     });
     CHECK(allocations == std::vector<long>(kRanks, 0));
   }

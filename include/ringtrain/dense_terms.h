@@ -23,8 +23,9 @@
 // values (which are never written) but derived from the rows, for micro-shard s and a segment
 // of weight rows I (and the bias, where the segment holds it):
 //
-//   |dot_s[i][j]| <= sum_k |x_s[k][i]| |dy_s[k][j]| <= sum_k max_{i in I}|x_s[k][i]|
-//   max_j|dy_s[k][j]| |db_s[j]|     <= sum_k max_j |dy_s[k][j]|
+//   |dot_s[i][j]| <= sum_k |x_s[k][i]| |dy_s[k][j]|
+//                 <= sum_k max_{i in I} |x_s[k][i]| max_j |dy_s[k][j]|
+//   |db_s[j]|     <= sum_k max_j |dy_s[k][j]|
 //
 // evaluated in double and widened by (1 + (m + 2) 2^-23) plus (m + 1) 2^-149 for the float
 // rounding of the fma chain (at most m half-ulps relative to the same sum, or a subnormal's
@@ -80,9 +81,9 @@ class DenseShardTerms {
     int layer = 0;
     int64_t begin = 0;  // the layer's weights [begin, begin + in * out), then its bias
     int64_t in = 0, out = 0;
-    std::vector<float>
-        x_by_column;        // [in][shards * rows]: x_s[k][i] at i * shards * rows + s * rows + k
-    std::vector<float> dy;  // [shards * rows][out]
+    // [in][shards * rows]: x_s[k][i] at i * shards * rows + s * rows + k
+    std::vector<float> x_by_column;
+    std::vector<float> dy;          // [shards * rows][out]
     std::vector<float> dy_row_max;  // [shards * rows]: max_j |dy[k][j]|
   };
   const Kept& kept_for(int64_t begin, int64_t end) const;

@@ -85,8 +85,9 @@ class Model {
   void set_backward_observer(BackwardObserver* observer) { observer_ = observer; }
 
   // The pieces in which backward reports gradients, in backward (= flat buffer) order: one
-  // per layer with parameters, or several for a large layer (Layer::grad_pieces).
-  std::vector<GradRange> grad_ranges() const;
+  // per layer with parameters, or several for a large layer (Layer::grad_pieces). Fixed when
+  // the model is finalized (empty before).
+  const std::vector<GradRange>& grad_ranges() const { return grad_ranges_; }
 
   // On a device model these are device tensors: copy explicitly (below) to read them.
   Tensor& params() { return params_; }
@@ -116,6 +117,7 @@ class Model {
   std::string signature() const;
 
  private:
+  void compute_grad_ranges();  // grad_ranges_, once the layers' ranges are laid out
   Shape input_;
   Shape output_;
   std::vector<std::unique_ptr<Layer>> layers_;
@@ -124,6 +126,7 @@ class Model {
   std::vector<std::vector<Tensor>> param_tensors_;         // per layer, views into params_
   std::vector<std::vector<Tensor>> grad_tensors_;          // per layer, views into grads_
   std::vector<Tensor> bind_scratch_;                       // bind_layer_grads()'s list, reused
+  std::vector<GradRange> grad_ranges_;                     // grad_ranges(), from finalize()
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer [begin, end)
   Tensor params_;
   Tensor grads_;

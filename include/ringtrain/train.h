@@ -74,8 +74,6 @@ struct StepWorkspace {
   // one with the GradSync, which must average over make_exact_allreduce(*exact_sum). Null:
   // the batch in one pass.
   ExactGradSum* exact_sum = nullptr;
-  std::vector<GradRange> grad_ranges;     // the model's, for the stacked micro-shards
-  const Model* grad_ranges_of = nullptr;  // whose grad_ranges they are
   // The parameter-server workers: no GradSync; the micro-shards are left for
   // exact_sum->local_sums() after the step.
   bool exact_sum_by_caller = false;

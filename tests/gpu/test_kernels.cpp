@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <span>
@@ -108,22 +109,33 @@ bool all_same(std::span<const float> a, std::span<const float> b) {
   return true;
 }
 
-// |actual - expected| <= rel * |expected| + abs for every value.
-void require_close(std::span<const float> actual, std::span<const float> expected, double rel,
-                   double abs, const std::string& what) {
+// |actual - expected| <= tolerance(i) for every value i (NaN where expected is NaN);
+// `tolerance_name` says in the failure message what the tolerance is.
+void require_within(std::span<const float> actual, std::span<const float> expected,
+                    const std::function<double(size_t)>& tolerance,
+                    const std::string& tolerance_name, const std::string& what) {
   REQUIRE(actual.size() == expected.size());
   size_t bad = 0;
   size_t first = 0;
   for (size_t i = 0; i < actual.size(); ++i) {
     const double a = actual[i];
     const double e = expected[i];
-    const bool ok = std::isnan(e) ? std::isnan(a) : std::abs(a - e) <= rel * std::abs(e) + abs;
+    const bool ok = std::isnan(e) ? std::isnan(a) : std::abs(a - e) <= tolerance(i);
     if (!ok && bad++ == 0) first = i;
   }
-  INFO(what << ": " << bad << " of " << actual.size() << " values outside rel " << rel << " abs "
-            << abs << "; the first at " << first << ": got " << (bad ? actual[first] : 0.0f)
-            << ", expected " << (bad ? expected[first] : 0.0f));
+  INFO(what << ": " << bad << " of " << actual.size() << " values outside " << tolerance_name
+            << "; the first at " << first << ": got " << (bad ? actual[first] : 0.0f)
+            << ", expected " << (bad ? expected[first] : 0.0f) << ", tolerance "
+            << (bad ? tolerance(first) : 0.0));
   REQUIRE(bad == 0);
+}
+
+// |actual - expected| <= rel * |expected| + abs for every value.
+void require_close(std::span<const float> actual, std::span<const float> expected, double rel,
+                   double abs, const std::string& what) {
+  require_within(
+      actual, expected, [&](size_t i) { return rel * std::abs(double{expected[i]}) + abs; },
+      "rel " + std::to_string(rel) + " abs " + std::to_string(abs), what);
 }
 
 template <typename T>
@@ -675,27 +687,6 @@ void reference_adam(std::vector<float>& w, const std::vector<float>& grad, std::
   }
 }
 
-// |actual - expected| <= 2 * bound + 1e-30 for every value (twice: room for the second-order
-// terms that the first-order bounds leave out).
-void require_within(std::span<const float> actual, std::span<const float> expected,
-                    std::span<const double> bound, const std::string& what) {
-  REQUIRE(actual.size() == expected.size());
-  REQUIRE(bound.size() == expected.size());
-  size_t bad = 0;
-  size_t first = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double a = actual[i];
-    const double e = expected[i];
-    const bool ok = std::isnan(e) ? std::isnan(a) : std::abs(a - e) <= 2 * bound[i] + 1e-30;
-    if (!ok && bad++ == 0) first = i;
-  }
-  INFO(what << ": " << bad << " of " << actual.size()
-            << " values outside their drift bound; the first at " << first << ": got "
-            << (bad ? actual[first] : 0.0f) << ", expected " << (bad ? expected[first] : 0.0f)
-            << ", bound " << (bad ? bound[first] : 0.0));
-  REQUIRE(bad == 0);
-}
-
 // Whether this build's CPU optimizer contracts as GCC does with FMA (-march=native on an
 // FMA-capable x86-64, the default build): probed once on SGD with weight decay, whose step
 // takes no host-computed constants (so a wrong adam_constants or ema_factors cannot hide
@@ -721,35 +712,42 @@ bool cpu_contracts_like_gcc() {
 }
 
 // GPU == the fused host reference always. Then GPU == CPU bit for bit when the CPU build
-// contracts like GCC with FMA; otherwise (a WARN) GPU within a float32 tolerance of the CPU:
-// each step may round a separately rounded product differently from a fused one, about an
-// ulp of |w| or of the update, so over 5 steps 1e-5 relative plus 1e-6 absolute (the values
-// are of order 1, the updates of order lr) is a wide margin.
+// contracts like GCC with FMA; otherwise (a WARN) GPU within `tolerance` of the CPU.
 void compare_three(std::span<const float> gpu_values, std::span<const float> reference,
-                   std::span<const float> cpu_values, const std::string& what) {
+                   std::span<const float> cpu_values,
+                   const std::function<double(size_t)>& tolerance,
+                   const std::string& tolerance_name, const std::string& what) {
   require_same(gpu_values, reference, what + ": GPU vs the fused host reference");
   if (cpu_contracts_like_gcc()) {
     require_same(gpu_values, cpu_values, what + ": GPU vs CPU");
   } else {
     WARN(what << ": this build's CPU optimizer does not contract a * b + c as GCC does with "
-                 "FMA (RINGTRAIN_NATIVE=OFF or another compiler?); GPU vs CPU within 1e-5");
-    require_close(gpu_values, cpu_values, 1e-5, 1e-6, what + ": GPU vs CPU");
+                 "FMA (RINGTRAIN_NATIVE=OFF or another compiler?); GPU vs CPU within "
+              << tolerance_name);
+    require_within(gpu_values, cpu_values, tolerance, tolerance_name, what + ": GPU vs CPU");
   }
 }
 
-// compare_three for Adam: without contraction, GPU vs CPU within the carried drift bound.
+// SGD and the weight average: each step may round a separately rounded product differently
+// from a fused one, about an ulp of |w| or of the update, so over 5 steps 1e-5 relative plus
+// 1e-6 absolute (the values are of order 1, the updates of order lr) is a wide margin.
+void compare_three(std::span<const float> gpu_values, std::span<const float> reference,
+                   std::span<const float> cpu_values, const std::string& what) {
+  compare_three(
+      gpu_values, reference, cpu_values,
+      [&](size_t i) { return 1e-5 * std::abs(double{cpu_values[i]}) + 1e-6; }, "rel 1e-5 abs 1e-6",
+      what);
+}
+
+// Adam: twice the carried drift bound (AdamDrift), the factor 2 for the second-order terms
+// that the first-order bound leaves out.
 void compare_three(std::span<const float> gpu_values, std::span<const float> reference,
                    std::span<const float> cpu_values, std::span<const double> drift,
                    const std::string& what) {
-  require_same(gpu_values, reference, what + ": GPU vs the fused host reference");
-  if (cpu_contracts_like_gcc()) {
-    require_same(gpu_values, cpu_values, what + ": GPU vs CPU");
-  } else {
-    WARN(what << ": this build's CPU optimizer does not contract a * b + c as GCC does with "
-                 "FMA (RINGTRAIN_NATIVE=OFF or another compiler?); GPU vs CPU within the "
-                 "drift bound of separately rounded products");
-    require_within(gpu_values, cpu_values, drift, what + ": GPU vs CPU");
-  }
+  REQUIRE(drift.size() == cpu_values.size());
+  compare_three(
+      gpu_values, reference, cpu_values, [&](size_t i) { return 2 * drift[i] + 1e-30; },
+      "twice the drift bound of separately rounded products", what);
 }
 
 }  // namespace
